@@ -1,0 +1,1 @@
+"""hp orchestrator: runs Slurm clusters on Docker containers and checks node health."""

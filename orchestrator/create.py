@@ -1,0 +1,226 @@
+"""`hp create`: an ordered list of named stages (as kind's create and SkyPilot's
+provisioner), with progress reported per stage and per group.
+
+Order: network, volumes and key; the controller (ready when `scontrol ping`
+answers); then login and compute groups in parallel. Their containers are created
+while the controller boots and started the moment it answers.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+from .cluster import Cluster, Env, Launcher, parallel
+from .errors import BadInput, HpError, LaunchError, OperationFailed, WaitTimeout
+from .naming import labels, network_name, node_name, shared_volume, state_volume
+from .slurmconf import render
+from .spec import ClusterSpec, InstanceGroup
+from . import teardown
+
+
+class Progress(Protocol):
+    def stage(self, name: str, detail: str = "") -> None: ...
+    def groups(self, counts: dict[str, tuple[int, int, int]]) -> None: ...  # group -> (current, target, failed)
+
+
+class NoProgress:
+    def stage(self, name: str, detail: str = "") -> None:
+        pass
+
+    def groups(self, counts: dict[str, tuple[int, int, int]]) -> None:
+        pass
+
+
+@dataclass
+class CreateOptions:
+    wait: bool = True
+    timeout: float = 300.0
+    retain: bool = False
+    register_timeout: float = 60.0
+
+
+@dataclass
+class LaunchOutcome:
+    started: dict[str, str] = field(default_factory=dict)  # node -> container id
+    failed: dict[str, LaunchError] = field(default_factory=dict)
+
+
+def check_name_free(env: Env, name: str) -> None:
+    row = env.store.cluster(name)
+    existing = env.provider.containers(name) or env.provider.networks(name) or env.provider.volumes(name)
+    if row is not None and not (row.status == "Failed" and not existing):
+        raise BadInput(f"a cluster named {name!r} already exists ({row.status}); "
+                       f"delete it first with 'hp delete {name}' or pick another --name", "name in use")
+    if row is None and existing:
+        raise BadInput(f"Docker already holds resources labelled for cluster {name!r} "
+                       f"(left over from an earlier run?); remove them with 'hp delete {name}'", "name in use")
+    if row is not None:
+        env.store.remove_cluster(name)  # a Failed cluster with nothing left: its name is free again
+
+
+def create(env: Env, spec: ClusterSpec, opts: CreateOptions, progress: Progress = NoProgress()) -> Cluster:
+    name = spec.ClusterName
+    env.provider.ping()
+    check_name_free(env, name)
+    progress.stage("images", "checking node images")
+    images = env.images.build(log=lambda s: progress.stage("images", s), defs=_node_image_defs())
+    if not env.store.add_cluster(name, spec.model_dump(exclude_none=True), "Creating"):
+        raise BadInput(f"a cluster named {name!r} already exists", "name in use")
+    cluster = Cluster(env, name, spec)
+    env.store.event(name, "Cluster", "Info", f"Cluster {name} creation started "
+                    f"({'continuous' if spec.continuous else 'all-or-nothing'} provisioning)")
+    try:
+        _create(cluster, images, opts, progress)
+    except BaseException as e:
+        msg = str(e) if isinstance(e, HpError) else f"{type(e).__name__}: {e}"
+        if isinstance(e, KeyboardInterrupt):
+            msg = "interrupted"
+        if opts.retain:
+            env.store.set_status(name, "Failed", msg)
+            env.store.event(name, "Cluster", "Error", f"Cluster {name} creation failed (kept with --retain): {msg}")
+        else:
+            env.store.set_status(name, "RollingBack", msg)
+            env.store.event(name, "Cluster", "Error", f"Cluster {name} creation failed, rolling back: {msg}")
+            progress.stage("rollback", "removing what was created")
+            teardown.remove_resources(env.provider, name)
+            env.store.set_status(name, "Failed", msg)
+            env.store.event(name, "Cluster", "Info", f"Cluster {name} rolled back: no container, network or volume is left")
+        raise
+    return cluster
+
+
+def _node_image_defs():
+    from .images import NODE_IMAGES
+
+    return NODE_IMAGES
+
+
+def _create(cluster: Cluster, images: dict[str, str], opts: CreateOptions, progress: Progress) -> None:
+    env, spec, name, p = cluster.env, cluster.spec, cluster.name, cluster.p
+    deadline = time.monotonic() + opts.timeout
+    progress.stage("network", "network, volumes and auth key")
+    p.create_network(network_name(name), labels(name, "network"))
+    p.create_volume(state_volume(name), labels(name, "state"))
+    p.create_volume(shared_volume(name), labels(name, "shared"))
+    cluster.make_key()
+    launcher = Launcher(cluster, images)
+
+    progress.stage("controller", cluster.controller_host)
+    conf = render(spec, env.catalogue).encode()
+    ctl = launcher.create_many([(spec.controller, 1)], files={"slurm.conf": (conf, 0o644, 0)})
+    ctl_res = ctl[cluster.controller_host]
+    if isinstance(ctl_res, LaunchError):
+        raise OperationFailed(f"controller {cluster.controller_host} could not be launched: {ctl_res}")
+    if err := launcher.start(ctl_res):
+        raise OperationFailed(f"controller {cluster.controller_host} could not be started: {err}")
+
+    # While slurmctld boots, create every other node's container.
+    wanted = [(g, i) for g in spec.InstanceGroups if g.node_type != "Controller"
+              for i in range(1, g.InstanceCount + 1)]
+    created = launcher.create_many(wanted)
+    wait_controller(cluster, ctl_res, min(deadline, time.monotonic() + 60))
+    env.store.event(name, "Instance", "Info", f"Controller {cluster.controller_host} is up", spec.controller.InstanceGroupName,
+                    node=cluster.controller_host)
+
+    progress.stage("nodes", "starting login and compute nodes")
+    outcome = LaunchOutcome()
+    ids = [(n, r) for n, r in created.items() if isinstance(r, str)]
+    for (n, cid), err in zip(ids, parallel(lambda t: launcher.start(t[1]), ids)):
+        if err:
+            outcome.failed[n] = err
+        else:
+            outcome.started[n] = cid
+    outcome.failed.update({n: r for n, r in created.items() if isinstance(r, LaunchError)})
+    groups = {node_name(g.InstanceGroupName, i): g for g, i in wanted}
+    for n, err in outcome.failed.items():
+        g = groups[n]
+        env.store.node_status(name, n, "Pending", str(err))
+        env.store.event(name, "Instance", "Error", f"Instance creation in cluster {name} and instance group "
+                        f"{g.InstanceGroupName} failed: {err}", g.InstanceGroupName, node=n)
+    if outcome.failed and not spec.continuous:
+        raise OperationFailed(_shortage_message(outcome.failed, groups))
+
+    if not opts.wait:
+        env.store.set_status(name, "InService" if spec.continuous else "Creating")
+        return
+    progress.stage("wait", "waiting for nodes to be idle in Slurm")
+    wait_nodes(cluster, [n for n in outcome.started if groups[n].node_type == "Compute"],
+               [n for n in outcome.started if groups[n].node_type == "Login"],
+               deadline, opts.register_timeout, progress, strict=not spec.continuous)
+    env.store.set_status(name, "InService")
+    env.store.event(name, "Cluster", "Info", f"Cluster {name} is InService")
+
+
+def _shortage_message(failed: dict[str, LaunchError], groups: dict[str, InstanceGroup]) -> str:
+    by_group: dict[str, list[str]] = {}
+    for n, e in failed.items():
+        by_group.setdefault(groups[n].InstanceGroupName, []).append(f"{n}: {e}")
+    parts = [f"group {g} could not be fully provisioned ({len(v)} node(s)): " + "; ".join(v[:3])
+             for g, v in by_group.items()]
+    return "all-or-nothing provisioning failed: " + " | ".join(parts)
+
+
+def wait_controller(cluster: Cluster, cid: str, deadline: float) -> None:
+    """Ready when `scontrol ping` answers; fail fast if the container exits."""
+    slurm = cluster.slurm
+    checks = 0
+    while True:
+        if slurm.ping():
+            return
+        checks += 1
+        if checks % 5 == 0:
+            st = cluster.p.inspect(cid)["State"]
+            if not st.get("Running"):
+                logs = cluster.p.logs(cid, tail=30)
+                raise OperationFailed(f"controller exited ({st.get('ExitCode')}) before answering; last log:\n{logs}")
+        if time.monotonic() > deadline:
+            raise WaitTimeout("controller did not answer 'scontrol ping' in time; last log:\n"
+                              + cluster.p.logs(cid, tail=30))
+        time.sleep(0.1)
+
+
+def wait_nodes(cluster: Cluster, workers: list[str], logins: list[str], deadline: float,
+               register_timeout: float, progress: Progress, strict: bool) -> dict[str, LaunchError]:
+    """Wait until every worker is idle in Slurm and login nodes answer. A node whose
+    container exits, or that does not register in `register_timeout`, fails: at once
+    when `strict` (all-or-nothing), else it is reported and left to the agent."""
+    spec, name = cluster.spec, cluster.name
+    failed: dict[str, LaunchError] = {}
+    t0 = time.monotonic()
+    want = set(workers)
+    polls = 0
+    target = {g.InstanceGroupName: g.InstanceCount for g in spec.InstanceGroups if g.node_type == "Compute"}
+    group_of = {n: n.rsplit("-", 1)[0] for n in workers}
+    gname = {g.InstanceGroupName.lower(): g.InstanceGroupName for g in spec.InstanceGroups}
+    while True:
+        idle = {n.name for n in cluster.slurm.nodes() if n.usable} & want
+        counts = {g: (sum(1 for n in idle if gname[group_of[n]] == g), t, 0) for g, t in target.items()}
+        progress.groups(counts)
+        pending = want - idle - set(failed)
+        if not pending:
+            break
+        polls += 1
+        if polls % 5 == 0:  # look at the containers of nodes still missing
+            states = cluster.node_containers()
+            for n in list(pending):
+                c = states.get(n)
+                if c is None or c.state in ("exited", "dead"):
+                    code = c.exit_code if c else None
+                    logs = cluster.p.logs(c.id, tail=5).strip() if c else ""
+                    failed[n] = LaunchError("ContainerExited", f"{n} exited with code {code} at start: {logs[-300:]}",
+                                            retryable=True)
+                elif time.monotonic() - t0 > register_timeout:
+                    failed[n] = LaunchError("RegistrationTimeout",
+                                            f"slurmd on {n} did not register within {register_timeout:g} s", retryable=True)
+            if failed and strict:
+                raise OperationFailed(_shortage_message(failed, {n: spec.group(gname[group_of[n]]) for n in failed}))
+        if time.monotonic() > deadline:
+            raise WaitTimeout(f"timed out waiting for {len(pending)} node(s) to be idle in Slurm: {', '.join(sorted(pending)[:10])}")
+        time.sleep(0.2)
+    for n in logins:
+        while cluster.p.exec(f"hp-{name}-{n}", ["scontrol", "ping"]).exit_code != 0:
+            if time.monotonic() > deadline:
+                raise WaitTimeout(f"login node {n} cannot reach slurmctld")
+            time.sleep(0.2)
+    return failed

@@ -1,0 +1,1 @@
+"""Deep health checks: parsers and verdicts for the check tools' outputs."""

@@ -1,0 +1,54 @@
+"""Names and labels. Labels on containers, networks and volumes are the truth of
+what exists; names are derived from (cluster, group, index) alone."""
+from __future__ import annotations
+
+LABEL_PREFIX = "io.hp"
+L_MANAGED = f"{LABEL_PREFIX}.managed"
+L_CLUSTER = f"{LABEL_PREFIX}.cluster"
+L_GROUP = f"{LABEL_PREFIX}.group"
+L_ROLE = f"{LABEL_PREFIX}.role"  # controller | login | worker | network | state | shared | check
+L_NODE = f"{LABEL_PREFIX}.node"  # Slurm node name (= hostname)
+L_INDEX = f"{LABEL_PREFIX}.index"
+L_ITYPE = f"{LABEL_PREFIX}.instance-type"
+
+ROLE_BY_NODE_TYPE = {"Controller": "controller", "Login": "login", "Compute": "worker"}
+
+
+def labels(cluster: str, role: str, group: str | None = None, node: str | None = None,
+           index: int | None = None, itype: str | None = None) -> dict[str, str]:
+    out = {L_MANAGED: "1", L_CLUSTER: cluster, L_ROLE: role}
+    if group is not None:
+        out[L_GROUP] = group
+    if node is not None:
+        out[L_NODE] = node
+    if index is not None:
+        out[L_INDEX] = str(index)
+    if itype is not None:
+        out[L_ITYPE] = itype
+    return out
+
+
+def node_name(group: str, index: int) -> str:
+    """Slurm node name and hostname: the group's name and a 1-based index."""
+    return f"{group.lower()}-{index}"
+
+
+def container_name(cluster: str, node: str) -> str:
+    return f"hp-{cluster}-{node}"
+
+
+def network_name(cluster: str) -> str:
+    return f"hp-{cluster}"
+
+
+def state_volume(cluster: str) -> str:
+    return f"hp-{cluster}-slurmctld"
+
+
+def shared_volume(cluster: str) -> str:
+    return f"hp-{cluster}-home"
+
+
+def node_id(container_id: str) -> str:
+    """HyperPod-like instance id: a replaced node gets a new id, same Slurm name."""
+    return "i-" + container_id[:17]

@@ -1,0 +1,131 @@
+"""Honest status: derived from what Docker and Slurm report now, joined with hp's
+recorded history (why a node is pending, what operation is on it). Pure functions."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .naming import L_GROUP, L_ITYPE, L_NODE, L_ROLE, node_id
+from .provider import ContainerInfo
+from .slurm import SlurmNode
+from .spec import ClusterSpec
+
+
+@dataclass
+class NodeView:
+    node: str
+    group: str
+    itype: str
+    role: str
+    container: ContainerInfo | None
+    slurm: SlurmNode | None
+    status: str
+    message: str
+
+    def as_dict(self) -> dict[str, Any]:
+        c = self.container
+        return {
+            "NodeId": node_id(c.id) if c else None,
+            "InstanceGroupName": self.group,
+            "InstanceType": self.itype,
+            "NodeRole": self.role,
+            "InstanceStatus": {"Status": self.status, "Message": self.message},
+            "SlurmNodeName": self.node,
+            "SlurmState": self.slurm.display if self.slurm else ("n/a" if self.role != "worker" else None),
+            "SlurmReason": (self.slurm.reason or None) if self.slurm else None,
+            "ContainerName": c.name if c else None,
+            "IpAddress": c.ip if c else None,
+            "LaunchTime": c.created if c else None,
+        }
+
+
+def instance_status(role: str, container: ContainerInfo | None, snode: SlurmNode | None,
+                    recorded: tuple[str, str, float] | None, controller_up: bool) -> tuple[str, str]:
+    """HyperPod InstanceStatus (Pending, Running, Failure, ShuttingDown,
+    DeepHealthCheckInProgress, NotFound) and a message."""
+    rec_status, rec_msg = (recorded[0], recorded[1]) if recorded else ("", "")
+    if rec_status in ("ShuttingDown", "DeepHealthCheckInProgress") and container is not None:
+        return rec_status, rec_msg
+    if container is None:
+        if rec_status == "Pending":
+            return "Pending", rec_msg
+        return "NotFound", rec_msg or "no container"
+    if container.state in ("exited", "dead"):
+        return "Failure", f"container exited with code {container.exit_code}" + (f"; {rec_msg}" if rec_msg else "")
+    if container.state == "created":
+        return "Pending", rec_msg or "container created, not started"
+    if container.state != "running":
+        return "Pending", f"container is {container.state}"
+    if role != "worker":
+        return "Running", ""
+    if not controller_up:
+        return "Running", "controller unreachable: Slurm state unknown"
+    if snode is None:
+        return "Pending", rec_msg or "waiting for slurmd to register"
+    if snode.not_responding:
+        return "Failure", f"Slurm reports {snode.display}" + (f": {snode.reason}" if snode.reason else "")
+    return "Running", snode.reason if snode.drained else ""
+
+
+def node_views(spec: ClusterSpec, containers: dict[str, ContainerInfo], snodes: dict[str, SlurmNode],
+               recorded: dict[str, tuple[str, str, float]], controller_up: bool) -> list[NodeView]:
+    out = []
+    names = set(containers) | {n for n, r in recorded.items() if r[0] == "Pending"}
+    itypes = {g.InstanceGroupName: g.InstanceType for g in spec.InstanceGroups}
+    from .naming import ROLE_BY_NODE_TYPE
+
+    roles = {g.InstanceGroupName.lower(): ROLE_BY_NODE_TYPE[g.node_type] for g in spec.InstanceGroups}
+    gnames = {g.InstanceGroupName.lower(): g.InstanceGroupName for g in spec.InstanceGroups}
+    for n in sorted(names, key=_node_sort_key):
+        c = containers.get(n)
+        if c is not None:
+            group, role, itype = c.labels.get(L_GROUP, ""), c.labels.get(L_ROLE, ""), c.labels.get(L_ITYPE, "")
+        else:
+            gl = n.rsplit("-", 1)[0]
+            if gl not in gnames:
+                continue
+            group, role, itype = gnames[gl], roles[gl], itypes[gnames[gl]]
+        status, msg = instance_status(role, c, snodes.get(n), recorded.get(n), controller_up)
+        out.append(NodeView(n, group, itype, role, c, snodes.get(n), status, msg))
+    return out
+
+
+def _node_sort_key(n: str) -> tuple[str, int]:
+    base, _, idx = n.rpartition("-")
+    return (base, int(idx) if idx.isdigit() else 0)
+
+
+def group_views(spec: ClusterSpec, nodes: list[NodeView], active_ops: dict[str, list[str]] | None = None) -> list[dict[str, Any]]:
+    out = []
+    for g in spec.InstanceGroups:
+        mine = [n for n in nodes if n.group == g.InstanceGroupName]
+        current = sum(1 for n in mine if n.status == "Running")
+        pending = sum(1 for n in mine if n.status == "Pending")
+        failed = sum(1 for n in mine if n.status == "Failure")
+        target = g.InstanceCount
+        minimum = g.MinCount if g.MinCount is not None else target
+        if current >= target and not failed:
+            status = "InService"
+        elif current >= minimum and current > 0:
+            status = "Degraded" if failed else "InService"
+        elif pending or current < target:
+            status = "Creating" if not failed else "Degraded"
+        else:
+            status = "Failed"
+        if (active_ops or {}).get(g.InstanceGroupName):
+            status = "Updating" if current >= minimum else status
+        out.append({
+            "InstanceGroupName": g.InstanceGroupName,
+            "InstanceType": g.InstanceType,
+            "NodeType": g.node_type,
+            "PartitionNames": list(g.SlurmConfig.PartitionNames),
+            "TargetCount": target,
+            "MinCount": g.MinCount,
+            "CurrentCount": current,
+            "PendingCount": pending,
+            "FailedCount": failed,
+            "Status": status,
+            "ActiveOperations": (active_ops or {}).get(g.InstanceGroupName, []),
+            "OnStartDeepHealthChecks": list(g.OnStartDeepHealthChecks),
+        })
+    return out
