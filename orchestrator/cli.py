@@ -154,7 +154,7 @@ def nodes(name: str, group: Optional[str] = typer.Option(None, "--group", "-g", 
                for n in doc["ClusterNodeSummaries"]])
 
 
-@app.command(context_settings={"allow_interspersed_args": False})
+@app.command()
 def exec(
     name: str,
     cmd: list[str] = typer.Argument(..., help="Command to run (after --)."),

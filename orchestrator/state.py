@@ -118,6 +118,14 @@ class Store:
         with self._lock:
             return self._db.execute(sql, args).fetchall()
 
+    def execute(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        """For modules that keep tables of their own in hp's database (e.g. health checks)."""
+        return self._x(sql, args)
+
+    def executescript(self, sql: str) -> None:
+        with self._lock:
+            self._db.executescript(sql)
+
     # -- clusters -----------------------------------------------------------------------
     def add_cluster(self, name: str, spec: dict[str, Any], status: str) -> bool:
         """Claim a name; False if a cluster of that name is already recorded."""

@@ -1,0 +1,113 @@
+"""Issue 2: the default cluster, jobs across its nodes, honest status, clean delete."""
+from __future__ import annotations
+
+import json
+
+from orchestrator.provider import DockerProvider
+from tests.conftest import small_spec, write_spec
+
+
+def leftovers(name: str) -> tuple[list, list, list]:
+    p = DockerProvider()
+    return p.containers(name), p.networks(name), p.volumes(name)
+
+
+def test_default_cluster_end_to_end(hp, tmp_path):
+    name = hp.name("found")
+    r = hp("create", "--name", name, "--json", check=True)
+    doc = json.loads(r.stdout)
+    assert doc["ClusterStatus"] == "InService"
+    assert {g["InstanceGroupName"]: g["CurrentCount"] for g in doc["InstanceGroups"]} == \
+        {"controller": 1, "login": 1, "cpu-a": 2, "cpu-b": 2}
+
+    # srun across the four compute nodes from the login node
+    r = hp("exec", name, "--", "srun", "-N4", "hostname", check=True)
+    hosts = r.stdout.split()
+    assert len(hosts) == 4 and len(set(hosts)) == 4, r.stdout
+
+    # an sbatch --wait job in one group's partition, as the default user; output read on the login node
+    script = "#!/bin/bash\n#SBATCH -p cpu-b -N2 -o job-%j.out\nsrun bash -c 'echo $(hostname) $(id -un)'\n"
+    r = hp("exec", name, "--", "bash", "-c", f"cat > job.sh <<'EOF'\n{script}EOF\nsbatch --parsable --wait job.sh", check=True)
+    job = r.stdout.strip().splitlines()[-1]
+    r = hp("exec", name, "--", "cat", f"job-{job}.out", check=True)
+    lines = sorted(r.stdout.split("\n"))
+    lines = [l for l in lines if l]
+    assert lines == ["cpu-b-1 hpuser", "cpu-b-2 hpuser"], r.stdout
+    assert hp("exec", name, "--", "id", "-u", check=True).stdout.strip() == "1000"
+    assert hp("exec", name, "--root", "--", "id", "-u", check=True).stdout.strip() == "0"
+    assert hp("exec", name, "--", "sh", "-c", "exit 7").returncode == 7
+
+    nodes = hp.json("nodes", name)["ClusterNodeSummaries"]
+    assert len(nodes) == 6
+    assert all(n["InstanceStatus"]["Status"] == "Running" for n in nodes), nodes
+    workers = [n for n in nodes if n["NodeRole"] == "worker"]
+    assert len(workers) == 4 and all(n["SlurmState"] == "idle" for n in workers), workers
+    assert all(n["NodeId"].startswith("i-") and n["LaunchTime"] for n in nodes)
+    assert {n["SlurmNodeName"] for n in hp.json("nodes", name, "--group", "cpu-a")["ClusterNodeSummaries"]} == {"cpu-a-1", "cpu-a-2"}
+    assert name in [c["ClusterName"] for c in hp.json("list")["ClusterSummaries"]]
+
+    # the auth key never leaves hp's private state
+    key = (hp.home / "clusters" / name / "slurm.key")
+    assert oct(key.stat().st_mode & 0o777) == "0o600"
+
+    # a second create with the same name fails clearly and touches nothing
+    before = {c.id for c in leftovers(name)[0]}
+    r = hp("create", "--name", name)
+    assert r.returncode == 2 and "already exists" in r.stderr
+    assert {c.id for c in leftovers(name)[0]} == before
+
+    r = hp("delete", name, check=True)
+    assert leftovers(name) == ([], [], [])
+    r = hp("delete", name)
+    assert r.returncode == 1 and "does not exist" in r.stderr
+
+
+def test_invalid_spec_creates_nothing(hp, tmp_path):
+    name = hp.name("bad")
+    doc = {"ClusterName": name, "Unknown": 1, "InstanceGroups": [
+        {"InstanceGroupName": "l1", "InstanceType": "cpu.small", "InstanceCount": 1, "SlurmConfig": {"NodeType": "Login"}},
+        {"InstanceGroupName": "l2", "InstanceType": "cpu.small", "InstanceCount": 1, "SlurmConfig": {"NodeType": "Login"}},
+        {"InstanceGroupName": "bad_name", "InstanceType": "no.such", "InstanceCount": "x",
+         "SlurmConfig": {"NodeType": "Compute", "PartitionNames": ["p"]}},
+    ]}
+    r = hp("create", "-f", str(write_spec(tmp_path / "s.json", doc)))
+    assert r.returncode == 2, r.stderr
+    for needle in ("Unknown: unknown key", "Controller is required", "at most one group", "no.such",
+                   "'bad_name' must match", "InstanceGroups[2].InstanceCount"):
+        assert needle in r.stderr, (needle, r.stderr)
+    assert "Traceback" not in r.stderr
+    assert leftovers(name) == ([], [], [])
+    assert hp("create", "--mode", "sideways", "--name", name).returncode == 2
+    assert hp("list", "--json").returncode == 0 and name not in hp("list").stdout
+
+
+def test_failed_create_rolls_back_or_is_retained(hp, tmp_path):
+    """A worker whose image does not exist: all-or-nothing create fails and leaves
+    nothing; with --retain the containers stay for debugging."""
+    name = hp.name("rb")
+    doc = small_spec(name, [("cpu", "cpu.nano", 1)], login=False)
+    doc["InstanceGroups"][1]["Image"] = "hp-worker:does-not-exist"
+    spec = write_spec(tmp_path / "s.json", doc)
+    r = hp("create", "-f", str(spec))
+    assert r.returncode == 1 and "group cpu" in r.stderr and "ImageNotFound" in r.stderr, r.stderr
+    assert leftovers(name) == ([], [], [])
+    assert hp.json("describe", name)["ClusterStatus"] == "Failed"
+
+    r = hp("create", "-f", str(spec), "--retain")
+    assert r.returncode == 1
+    cs, nets, vols = leftovers(name)
+    assert [c.labels["io.hp.role"] for c in cs] == ["controller"] and nets and vols
+    hp("delete", name, check=True)
+    assert leftovers(name) == ([], [], [])
+
+
+def test_no_docker_daemon_is_a_clear_message(hp):
+    env = dict(hp.env, DOCKER_HOST="unix:///nonexistent.sock")
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "orchestrator.cli", "create", "--name", "x"], env=env,
+                       capture_output=True, text=True)
+    assert r.returncode == 1
+    assert "cannot reach a Docker engine" in r.stderr and "dockerd" in r.stderr
+    assert "Traceback" not in r.stderr

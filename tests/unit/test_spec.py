@@ -1,0 +1,131 @@
+import json
+
+import pytest
+
+from orchestrator.catalogue import load_catalogue
+from orchestrator.errors import BadInput
+from orchestrator.spec import DEFAULT_SPEC, load_spec_file, validate
+
+CAT = load_catalogue()
+
+
+def group(name, ntype, count=1, itype="cpu.small", parts=None, **kw):
+    sc = {"NodeType": ntype}
+    if parts is not None:
+        sc["PartitionNames"] = parts
+    return {"InstanceGroupName": name, "InstanceType": itype, "InstanceCount": count, "SlurmConfig": sc, **kw}
+
+
+def spec(*groups, **top):
+    return {"ClusterName": "lab", "InstanceGroups": list(groups), **top}
+
+
+def problems(doc):
+    with pytest.raises(BadInput) as e:
+        validate(doc, CAT)
+    return e.value.problems
+
+
+def test_default_spec_is_valid_and_fits_two_cores():
+    s = validate(DEFAULT_SPEC, CAT)
+    assert s.controller.InstanceGroupName == "controller"
+    assert s.login is not None
+    assert sum(g.InstanceCount for g in s.compute) == 4 and len(s.compute) == 2
+    assert sum(CAT[g.InstanceType].cpu_limit * g.InstanceCount for g in s.InstanceGroups) <= 2
+
+
+def test_issue_example_reads():
+    doc = {"ClusterName": "lab", "NodeRecovery": "Automatic", "NodeProvisioningMode": "Continuous",
+           "InstanceGroups": [group("controller", "Controller"), group("login", "Login"),
+                              group("cpu", "Compute", 4, "cpu.medium", ["cpu"])]}
+    s = validate(doc, CAT)
+    assert s.continuous and s.compute[0].partition == "cpu"
+
+
+def test_every_problem_is_reported_with_its_path():
+    doc = spec(group("Login1", "Login"), group("login2", "Login"), group("c", "Controller", 0, itype="x.huge"),
+               group("bad_name", "Compute", 1, parts=["p"]), group("w", "Compute", "two", parts=["q"]),
+               Bogus=1)
+    doc["InstanceGroups"].append({"InstanceGroupName": "ok2", "InstanceType": "cpu.small", "InstanceCount": 1,
+                                  "SlurmConfig": {"NodeType": "Compute", "PartitionNames": ["z"]}, "Extra": True})
+    ps = problems(doc)
+    text = "\n".join(ps)
+    assert "Bogus: unknown key" in text
+    assert "InstanceGroups[5].Extra: unknown key" in text
+    assert "at most one group with SlurmConfig.NodeType Login" in text
+    assert "InstanceGroups[2].InstanceType: unknown instance type 'x.huge'" in text
+    assert "InstanceGroups[2].InstanceCount: a Controller group has exactly 1 instance, got 0" in text
+    assert "InstanceGroups[3].InstanceGroupName 'bad_name' must match" in text
+    assert "InstanceGroups[4].InstanceCount" in text and "valid integer" in text
+    assert len(ps) == 7, ps
+
+
+def test_no_controller_and_two_controllers():
+    assert any("exactly one group with SlurmConfig.NodeType Controller is required, found 0" in p
+               for p in problems(spec(group("a", "Compute", 1, parts=["a"]))))
+    assert any("found 2" in p for p in problems(spec(group("c1", "Controller"), group("c2", "Controller"))))
+
+
+def test_compute_group_needs_exactly_one_partition_and_unique_names():
+    ps = problems(spec(group("c", "Controller"), group("a", "Compute", 1, parts=[]),
+                       group("b", "Compute", 1, parts=["x", "y"]), group("d", "Compute", 1, parts=["dev"]),
+                       group("e", "Compute", 1, parts=["p"]), group("E", "Compute", 1, parts=["p"])))
+    t = "\n".join(ps)
+    assert t.count("a Compute group has exactly one partition") == 2
+    assert "'dev' is the default partition" in t
+    assert "partition 'p' is already used by group 'e'" in t
+    assert "InstanceGroups[5].InstanceGroupName: 'E' is already used by InstanceGroups[4]" in t
+
+
+def test_names_length_and_pattern():
+    long = "a" * 64
+    ps = problems(spec(group("c", "Controller"), group("-x", "Compute", 1, parts=["ok"]), ClusterName=long))
+    t = "\n".join(ps)
+    assert "longer than 63" in t and "'-x' must match" in t
+    assert validate(spec(group("c", "Controller"), group("a--b9", "Compute", 1, parts=["p"])), CAT)
+
+
+def test_negative_count_and_min_count():
+    ps = problems(spec(group("c", "Controller"), group("a", "Compute", -1, parts=["a"]),
+                       group("b", "Compute", 2, parts=["b"], MinCount=3)))
+    assert any("must be >= 0, got -1" in p for p in ps)
+    assert any("MinCount: must be between 0 and InstanceCount (2), got 3" in p for p in ps)
+
+
+def test_wrong_types_and_enum_values():
+    ps = problems(spec(group("c", "Controller"), NodeRecovery="Sometimes", InstanceGroups_=1))
+    t = "\n".join(ps)
+    assert "NodeRecovery" in t and "InstanceGroups_: unknown key" in t
+
+
+def test_hyperpod_fields_are_accepted():
+    g = group("c", "Controller", LifeCycleConfig={"SourceS3Uri": "s3://x", "OnCreate": "on_create.sh"},
+              ExecutionRole="arn:aws:iam::1:role/x", ThreadsPerCore=1)
+    assert validate(spec(g, VpcConfig={"Subnets": []}), CAT)
+
+
+def test_not_a_mapping_and_name_override(tmp_path):
+    with pytest.raises(BadInput):
+        validate([1, 2], CAT)
+    s = validate(DEFAULT_SPEC, CAT, name="other")
+    assert s.ClusterName == "other"
+    p = tmp_path / "s.json"
+    p.write_text(json.dumps(DEFAULT_SPEC))
+    assert load_spec_file(p)["ClusterName"] == "hp"
+    (tmp_path / "bad.yaml").write_text("a: [")
+    with pytest.raises(BadInput):
+        load_spec_file(tmp_path / "bad.yaml")
+    with pytest.raises(BadInput):
+        load_spec_file(tmp_path / "missing.yaml")
+
+
+def test_catalogue_extension(tmp_path, monkeypatch):
+    p = tmp_path / "types.yaml"
+    p.write_text("my.type: {VCpus: 3, CpuLimit: 0.1, MemoryMiB: 300}\ncpu.small: {VCpus: 2, CpuLimit: 0.2, MemoryMiB: 256}\n")
+    monkeypatch.setenv("HP_INSTANCE_TYPES", str(p))
+    cat = load_catalogue()
+    assert cat["my.type"].vcpus == 3 and cat["cpu.small"].memory_mib == 256
+    assert cat["my.type"].slurmd_conf("grp") == "CPUs=3 RealMemory=300 Features=grp"
+    p.write_text("broken: {VCpus: 1}\n")
+    with pytest.raises(BadInput):
+        load_catalogue()
