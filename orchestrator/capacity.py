@@ -1,6 +1,6 @@
 """Capacity: instance types consume a finite pool shared by every cluster on the host.
 
-By default the pool is the Docker host's real CPUs, memory and GPUs (each GPU backs
+By default the pool is the Docker host's real CPUs (x4, see below), memory and GPUs (each GPU backs
 one node at a time); an admin can cap how many nodes of a type may run
 (`hp capacity set TYPE N`). Usage is counted from the containers that exist (Docker
 labels are the truth), under a host-wide lock so two launchers can't both take the
@@ -40,10 +40,17 @@ class Usage:
     per_type: dict[str, int]
 
 
+# CPU limits are ceilings (cgroup quotas), not reservations, and idle Slurm nodes use
+# almost none: by default the pool holds 4x the host's cores. HP_CPU_OVERCOMMIT=1 makes
+# it strict. Memory is never overcommitted.
+DEFAULT_CPU_OVERCOMMIT = 4.0
+
+
 def host_pool(provider: DockerProvider) -> Pool:
     info = provider.api.info()
     gpus = [g.strip() for g in os.environ.get("HP_GPUS", "").split(",") if g.strip()]
-    return Pool(cpus=float(info.get("NCPU", os.cpu_count() or 1)),
+    factor = float(os.environ.get("HP_CPU_OVERCOMMIT", DEFAULT_CPU_OVERCOMMIT))
+    return Pool(cpus=float(info.get("NCPU", os.cpu_count() or 1)) * factor,
                 memory_mib=int(info.get("MemTotal", 0)) // (1024 * 1024), gpus=gpus)
 
 

@@ -1,0 +1,104 @@
+"""Shared pieces of the benchmarks: the plain-docker floor, and running hp."""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from orchestrator.catalogue import load_catalogue  # noqa: E402
+from orchestrator.images import Images  # noqa: E402
+from orchestrator.provider import ContainerSpec, DockerProvider  # noqa: E402
+from orchestrator.slurm import Slurm  # noqa: E402
+from orchestrator.slurmconf import render  # noqa: E402
+from orchestrator.spec import validate  # noqa: E402
+
+BENCH_TYPES = "bench.tiny: {VCpus: 1, CpuLimit: 0.02, MemoryMiB: 128}\n"
+
+
+def bench_env(home: str) -> dict[str, str]:
+    types = Path(home) / "types.yaml"
+    types.write_text(BENCH_TYPES)
+    return {**os.environ, "HP_HOME": home, "HP_INSTANCE_TYPES": str(types), "NO_COLOR": "1"}
+
+
+def spec_doc(name: str, n: int, itype: str = "bench.tiny", login: bool = False) -> dict:
+    groups = [{"InstanceGroupName": "controller", "InstanceType": "cpu.small", "InstanceCount": 1,
+               "SlurmConfig": {"NodeType": "Controller"}}]
+    if login:
+        groups.append({"InstanceGroupName": "login", "InstanceType": itype, "InstanceCount": 1,
+                       "SlurmConfig": {"NodeType": "Login"}})
+    groups.append({"InstanceGroupName": "w", "InstanceType": itype, "InstanceCount": n,
+                   "SlurmConfig": {"NodeType": "Compute", "PartitionNames": ["w"]}})
+    return {"ClusterName": name, "InstanceGroups": groups}
+
+
+def floor(n: int, itype: str = "bench.tiny") -> float:
+    """Seconds from nothing to n idle Slurm nodes, with plain docker-py calls: the same
+    images and slurm.conf, no orchestration (no state, no capacity, no labels logic)."""
+    os.environ.setdefault("HP_INSTANCE_TYPES", "")
+    p = DockerProvider()
+    with tempfile.TemporaryDirectory() as tmp:
+        tf = Path(tmp) / "types.yaml"
+        tf.write_text(BENCH_TYPES)
+        cat = load_catalogue(tf)
+        name = f"floor{secrets.token_hex(3)}"
+        spec = validate(spec_doc(name, n, itype), cat)
+        imgs = Images(p).refs()
+        conf = render(spec, cat).encode()
+        key = secrets.token_bytes(64)
+        t = cat[itype]
+        net = f"floor-{name}"
+        lab = {"io.hp.bench": name}
+        ids: list[str] = []
+        try:
+            t0 = time.monotonic()
+            p.api.create_network(net, driver="bridge", labels=lab)
+            ctl = p.create_container(ContainerSpec(name=f"{net}-ctl", image=imgs["controller"], hostname="controller-1",
+                                                   labels=lab, network=net))
+            ids.append(ctl)
+            p.put_files(ctl, "/etc/slurm", {"slurm.conf": (conf, 0o644, 0), "slurm.key": (key, 0o600, 64030)})
+            p.start(ctl)
+            slurm = Slurm(p, ctl)
+            while not slurm.ping():
+                time.sleep(0.1)
+
+            def worker(i: int) -> str:
+                cid = p.create_container(ContainerSpec(
+                    name=f"{net}-w{i}", image=imgs["worker"], hostname=f"w-{i}", labels=lab, network=net,
+                    environment={"HP_CONTROLLER": "controller-1", "HP_SLURMD_CONF": t.slurmd_conf("w")},
+                    cpu_limit=t.cpu_limit, memory_mib=t.memory_mib))
+                p.put_files(cid, "/etc/slurm", {"slurm.key": (key, 0o600, 0)})
+                p.start(cid)
+                return cid
+
+            with ThreadPoolExecutor(32) as ex:
+                ids += list(ex.map(worker, range(1, n + 1)))
+            while sum(1 for x in slurm.nodes() if x.usable) < n:
+                time.sleep(0.2)
+            return time.monotonic() - t0
+        finally:
+            with ThreadPoolExecutor(32) as ex:
+                list(ex.map(p.remove_container, ids))
+            p.remove_network(net)
+
+
+def hp(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    r = subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], env=env, cwd=ROOT,
+                       capture_output=True, text=True)
+    if check and r.returncode != 0:
+        raise SystemExit(f"hp {' '.join(args)} failed ({r.returncode}):\n{r.stderr[-3000:]}")
+    return r
+
+
+def write_json(path: Path, doc: dict) -> str:
+    path.write_text(json.dumps(doc))
+    return str(path)
