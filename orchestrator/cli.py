@@ -113,9 +113,13 @@ def _print_groups(out: Out, doc: dict[str, Any]) -> None:
 @app.command("list")
 def list_(json_out: bool = JsonOpt) -> None:
     """List clusters."""
+    from .agent import ensure_agent
     from .ops import list_clusters
 
-    doc = list_clusters(_env())
+    env = _env()
+    doc = list_clusters(env)
+    for c in doc["ClusterSummaries"]:
+        ensure_agent(env, c["ClusterName"])
     out = Out(json_out)
     if json_out:
         out.json(doc)
@@ -127,9 +131,13 @@ def list_(json_out: bool = JsonOpt) -> None:
 @app.command()
 def describe(name: str, json_out: bool = JsonOpt) -> None:
     """Describe a cluster (DescribeCluster shape)."""
+    from .agent import ensure_agent
     from .ops import describe as do_describe
 
-    doc = do_describe(_env(), name)
+    env = _env()
+    agent = ensure_agent(env, name) if env.store.cluster(name) else None
+    doc = do_describe(env, name)
+    doc["Agent"] = agent
     out = Out(json_out)
     if json_out:
         out.json(doc)
@@ -141,9 +149,13 @@ def describe(name: str, json_out: bool = JsonOpt) -> None:
 def nodes(name: str, group: Optional[str] = typer.Option(None, "--group", "-g", help="Only this instance group."),
           json_out: bool = JsonOpt) -> None:
     """List a cluster's nodes (ListClusterNodes shape) with their Slurm state."""
+    from .agent import ensure_agent
     from .ops import nodes as do_nodes
 
-    doc = do_nodes(_env(), name, group)
+    env = _env()
+    if env.store.cluster(name):
+        ensure_agent(env, name)
+    doc = do_nodes(env, name, group)
     out = Out(json_out)
     if json_out:
         out.json(doc)
@@ -171,8 +183,11 @@ def exec(
         cmd = cmd[1:]
     if not cmd:
         raise BadInput("no command given: hp exec NAME -- CMD...")
+    from .agent import ensure_agent
+
     env = _env()
     target = exec_target(env, name, node)
+    ensure_agent(env, name)
 
     def write(data: bytes, err: bool) -> None:
         s = sys.stderr.buffer if err else sys.stdout.buffer
@@ -262,13 +277,13 @@ def main() -> None:
     except KeyboardInterrupt:
         out.error("interrupted")
         sys.exit(130)
-    except Exception as e:  # click usage errors
-        import click
-
-        if isinstance(e, click.exceptions.ClickException):
+    except Exception as e:  # usage errors of the command-line parser (click, vendored by typer)
+        kind = type(e).__name__
+        if hasattr(e, "show") and hasattr(e, "exit_code"):
             e.show()
-            sys.exit(2 if isinstance(e, click.exceptions.UsageError) else 1)
-        if isinstance(e, click.exceptions.Abort):
+            sys.exit(2 if kind in ("UsageError", "BadParameter", "NoSuchOption", "MissingParameter",
+                                   "BadOptionUsage", "BadArgumentUsage") else int(e.exit_code or 1))
+        if kind == "Abort":
             sys.exit(130)
         raise
 
@@ -278,6 +293,7 @@ def _register() -> None:
 
     for m in (cli_scale, cli_ci, cli_health):
         m.register(app)
+    __import__(f"{__package__}.cli_recovery", fromlist=["register"]).register(app)  # hp reboot, hp replace
 
 
 _register()

@@ -72,6 +72,9 @@ def create(env: Env, spec: ClusterSpec, opts: CreateOptions, progress: Progress 
                     f"({'continuous' if spec.continuous else 'all-or-nothing'} provisioning)")
     try:
         _create(cluster, images, opts, progress)
+        from .agent import ensure_agent
+
+        ensure_agent(env, name)  # provisioning retries and node recovery go on in the background
     except BaseException as e:
         msg = str(e) if isinstance(e, HpError) else f"{type(e).__name__}: {e}"
         if isinstance(e, KeyboardInterrupt):
@@ -133,21 +136,33 @@ def _create(cluster: Cluster, images: dict[str, str], opts: CreateOptions, progr
             outcome.started[n] = cid
     outcome.failed.update({n: r for n, r in created.items() if isinstance(r, LaunchError)})
     groups = {node_name(g.InstanceGroupName, i): g for g, i in wanted}
+    for n in outcome.started:
+        env.store.node_status(name, n, "Launching", "container started")
     for n, err in outcome.failed.items():
         g = groups[n]
-        env.store.node_status(name, n, "Pending", str(err))
-        env.store.event(name, "Instance", "Error", f"Instance creation in cluster {name} and instance group "
-                        f"{g.InstanceGroupName} failed: {err}", g.InstanceGroupName, node=n)
+        env.store.node_status(name, n, "LaunchFailed", f"{err} (retry 1)")
+        env.store.event(name, "Instance", "Warn" if err.code == "InsufficientCapacity" else "Error",
+                        f"Instance creation in cluster {name} and instance group {g.InstanceGroupName} failed: {err}",
+                        g.InstanceGroupName, node=n)
     if outcome.failed and not spec.continuous:
         raise OperationFailed(_shortage_message(outcome.failed, groups))
-
+    logins = [n for n in outcome.started if groups[n].node_type == "Login"]
+    workers = [n for n in outcome.started if groups[n].node_type == "Compute"]
+    if spec.continuous:
+        # InService once the controller and the login nodes are up; the agent brings
+        # the workers in as they come, and retries what failed.
+        if opts.wait:
+            progress.stage("wait", "waiting for the login node(s)")
+            wait_nodes(cluster, [], logins, deadline, opts.register_timeout, progress, strict=False)
+        env.store.set_status(name, "InService")
+        env.store.event(name, "Cluster", "Info", f"Cluster {name} is InService")
+        return
     if not opts.wait:
-        env.store.set_status(name, "InService" if spec.continuous else "Creating")
         return
     progress.stage("wait", "waiting for nodes to be idle in Slurm")
-    wait_nodes(cluster, [n for n in outcome.started if groups[n].node_type == "Compute"],
-               [n for n in outcome.started if groups[n].node_type == "Login"],
-               deadline, opts.register_timeout, progress, strict=not spec.continuous)
+    wait_nodes(cluster, workers, logins, deadline, opts.register_timeout, progress, strict=True)
+    for n in outcome.started:
+        env.store.node_status(name, n, "Running", "")
     env.store.set_status(name, "InService")
     env.store.event(name, "Cluster", "Info", f"Cluster {name} is InService")
 

@@ -50,10 +50,18 @@ def describe(env: Env, name: str, active_ops: Callable[[Cluster], dict[str, list
         "NodeProvisioningMode": spec.NodeProvisioningMode or "AllOrNothing",
         "ControllerReachable": up,
         "SlurmControllerHost": cluster.controller_host,
-        "InstanceGroups": group_views(spec, nodes, active_ops(cluster) if active_ops else None),
+        "InstanceGroups": group_views(spec, nodes, active_ops(cluster) if active_ops else _active_ops(env, name)),
     }
     if extra:
         out.update(extra(cluster))
+    return out
+
+
+def _active_ops(env: Env, name: str) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for op in env.store.operations(name):
+        what = f"{op['kind']}" + (f" to {op['target']}" if op["target"] is not None else f" {op['nodes']}")
+        out.setdefault(op["group"], []).append(what)
     return out
 
 
@@ -76,8 +84,11 @@ def delete(env: Env, name: str) -> dict[str, int]:
     if row is None and not existing and not p.networks(name) and not p.volumes(name):
         raise NotFound(f"cluster {name!r} does not exist")
     if row is not None:
+        from .agent import stop_agent
+
         env.store.set_status(name, "Deleting")
         env.store.event(name, "Cluster", "Info", f"Cluster {name} deletion started")
+        stop_agent(env, name)  # nothing may launch a node while the cluster goes
         cluster = Cluster(env, name)
         ctl = next((c for c in existing if c.labels.get(L_ROLE) == "controller" and c.state == "running"), None)
         workers = [c.labels.get("io.hp.node", "") for c in existing if c.labels.get(L_ROLE) == "worker"]

@@ -44,6 +44,20 @@ CREATE TABLE IF NOT EXISTS node_status (
   time REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS node_status_node ON node_status(cluster, node, id);
+CREATE TABLE IF NOT EXISTS operations (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  cluster TEXT NOT NULL,
+  group_name TEXT NOT NULL,
+  kind TEXT NOT NULL,
+  target INTEGER,
+  previous INTEGER,
+  nodes TEXT NOT NULL DEFAULT '',
+  status TEXT NOT NULL,
+  message TEXT NOT NULL DEFAULT '',
+  started REAL NOT NULL,
+  ended REAL
+);
+CREATE INDEX IF NOT EXISTS operations_cluster ON operations(cluster, status);
 CREATE TABLE IF NOT EXISTS kv (
   key TEXT PRIMARY KEY,
   value TEXT NOT NULL
@@ -149,10 +163,49 @@ class Store:
     def set_spec(self, name: str, spec: dict[str, Any]) -> None:
         self._x("UPDATE clusters SET spec=?, updated=? WHERE name=?", (json.dumps(spec), self.clock(), name))
 
+    def update_spec(self, name: str, change: Callable[[dict[str, Any]], dict[str, Any]],
+                    node_statuses: list[tuple[str, str, str]] = ()) -> dict[str, Any]:
+        """Read-modify-write of a cluster's spec in one write transaction, so that
+        concurrent `hp scale` calls (any process) never lose each other's change."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                rows = self._db.execute("SELECT spec FROM clusters WHERE name=?", (name,)).fetchall()
+                if not rows:
+                    raise KeyError(name)
+                new = change(json.loads(rows[0][0]))
+                self._db.execute("UPDATE clusters SET spec=?, updated=? WHERE name=?", (json.dumps(new), self.clock(), name))
+                for node, status, message in node_statuses:  # e.g. nodes chosen for removal, with the new target
+                    self._db.execute("INSERT INTO node_status (cluster, node, status, message, time) VALUES (?,?,?,?,?)",
+                                     (name, node, status, message, self.clock()))
+                self._db.execute("COMMIT")
+                return new
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
+    # -- operations (scaling): what is under way per group ------------------------------
+    def add_operation(self, cluster: str, group: str, kind: str, target: int | None, previous: int | None,
+                      nodes: list[str] | None = None) -> int:
+        rows = self._x("INSERT INTO operations (cluster, group_name, kind, target, previous, nodes, status, started)"
+                       " VALUES (?,?,?,?,?,?,?,?) RETURNING id",
+                       (cluster, group, kind, target, previous, ",".join(nodes or []), "InProgress", self.clock()))
+        return int(rows[0][0])
+
+    def operations(self, cluster: str, active_only: bool = True) -> list[dict[str, Any]]:
+        sql = ("SELECT id, group_name, kind, target, previous, nodes, status, message, started, ended FROM operations"
+               " WHERE cluster=?" + (" AND status='InProgress'" if active_only else "") + " ORDER BY id")
+        keys = ("id", "group", "kind", "target", "previous", "nodes", "status", "message", "started", "ended")
+        return [dict(zip(keys, r)) for r in self._x(sql, (cluster,))]
+
+    def end_operation(self, op_id: int, status: str, message: str = "") -> None:
+        self._x("UPDATE operations SET status=?, message=?, ended=? WHERE id=?", (status, message, self.clock(), op_id))
+
     def remove_cluster(self, name: str) -> None:
         for t in ("clusters",):
             self._x(f"DELETE FROM {t} WHERE name=?", (name,))
         self._x("DELETE FROM node_status WHERE cluster=?", (name,))
+        self._x("DELETE FROM operations WHERE cluster=?", (name,))
 
     def cluster_dir(self, name: str) -> Path:
         d = self.home / "clusters" / name

@@ -43,7 +43,9 @@ def instance_status(role: str, container: ContainerInfo | None, snode: SlurmNode
                     recorded: tuple[str, str, float] | None, controller_up: bool) -> tuple[str, str]:
     """HyperPod InstanceStatus (Pending, Running, Failure, ShuttingDown,
     DeepHealthCheckInProgress, NotFound) and a message."""
-    rec_status, rec_msg = (recorded[0], recorded[1]) if recorded else ("", "")
+    from .lifecycle import visible
+
+    rec_status, rec_msg = (visible(recorded[0]), recorded[1]) if recorded else ("", "")
     if rec_status in ("ShuttingDown", "DeepHealthCheckInProgress") and container is not None:
         return rec_status, rec_msg
     if container is None:
@@ -70,7 +72,9 @@ def instance_status(role: str, container: ContainerInfo | None, snode: SlurmNode
 def node_views(spec: ClusterSpec, containers: dict[str, ContainerInfo], snodes: dict[str, SlurmNode],
                recorded: dict[str, tuple[str, str, float]], controller_up: bool) -> list[NodeView]:
     out = []
-    names = set(containers) | {n for n, r in recorded.items() if r[0] == "Pending"}
+    from .lifecycle import visible
+
+    names = set(containers) | {n for n, r in recorded.items() if visible(r[0]) == "Pending"}
     itypes = {g.InstanceGroupName: g.InstanceType for g in spec.InstanceGroups}
     from .naming import ROLE_BY_NODE_TYPE
 
