@@ -135,11 +135,12 @@ class GroupReconciler:
     """Brings one instance group to its target count. Observes (containers, Slurm,
     history), then acts; each step is idempotent."""
 
-    def __init__(self, cluster: Cluster, group: str, launcher: Launcher):
+    def __init__(self, cluster: Cluster, group: str, launcher: Launcher, onstart: "OnStartQueue | None" = None):
         self.c = cluster
         self.group = group
         self.launcher = launcher
         self.rec = Recorder(cluster)
+        self.onstart = onstart
 
     def spec(self) -> InstanceGroup | None:
         return self.c.spec.group(self.group)
@@ -232,7 +233,10 @@ class GroupReconciler:
 
         self.rec.set(self.group, n, "Running", "", node_id=node_id(ci.id),
                      event=f"Instance {node_id(ci.id)} ({n}) in cluster {self.c.name} and instance group "
-                           f"{self.group} is running and joined Slurm")
+                           f"{self.group} is running and joined Slurm"
+                           + (" (drained until its on-start health checks pass)" if g.OnStartDeepHealthChecks else ""))
+        if g.OnStartDeepHealthChecks and g.node_type == "Compute" and self.onstart is not None:
+            self.onstart.add(n)
 
     def _failed(self, g: InstanceGroup, n: str, err: LaunchError, ci: ContainerInfo | None) -> None:
         if ci is not None:
@@ -311,6 +315,43 @@ class GroupReconciler:
         return 0.1
 
 
+class OnStartQueue:
+    """New nodes of groups with OnStartDeepHealthChecks, checked in batches on one
+    thread (one health-check request per cluster at a time)."""
+
+    def __init__(self, env: Env, name: str, stop: threading.Event):
+        self.env, self.name, self.stop = env, name, stop
+        self._nodes: list[str] = []
+        self._cv = threading.Condition()
+        threading.Thread(target=self._run, daemon=True, name="on-start-checks").start()
+
+    def add(self, node: str) -> None:
+        with self._cv:
+            self._nodes.append(node)
+            self._cv.notify()
+
+    def _run(self) -> None:
+        from .health.onstart import check_new_nodes
+
+        while not self.stop.is_set():
+            with self._cv:
+                while not self._nodes and not self.stop.is_set():
+                    self._cv.wait(5)
+                time.sleep(0)  # let nodes that joined together be checked together
+            time.sleep(1.0)
+            with self._cv:
+                batch, self._nodes = self._nodes, []
+            if not batch:
+                continue
+            try:
+                check_new_nodes(Cluster(self.env, self.name), batch)
+            except Exception:  # noqa: BLE001 - e.g. an on-demand check is running: try again soon
+                log.exception("on-start checks of %s", batch)
+                time.sleep(5)
+                with self._cv:
+                    self._nodes = batch + self._nodes
+
+
 class Agent:
     def __init__(self, env: Env, name: str):
         self.env = env
@@ -360,6 +401,7 @@ class Agent:
         threading.Thread(target=self._events, daemon=True, name="events").start()
         threading.Thread(target=self._recovery, daemon=True, name="recovery").start()
         recs: dict[str, GroupReconciler] = {}
+        onstart = OnStartQueue(env, self.name, self.stop)
         due: dict[str, float] = {}
         last_updated = None
         while not self.stop.is_set():
@@ -382,7 +424,7 @@ class Agent:
                     self._sleep(1)
                     continue
                 for gname in ready:
-                    rec = recs.setdefault(gname, GroupReconciler(cluster, gname, Launcher(cluster, images)))
+                    rec = recs.setdefault(gname, GroupReconciler(cluster, gname, Launcher(cluster, images), onstart))
                     try:
                         due[gname] = now + rec.step(snodes)
                     except HpError as e:

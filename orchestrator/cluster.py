@@ -25,6 +25,7 @@ T = TypeVar("T")
 R = TypeVar("R")
 SLURM_UID = 64030  # Debian's fixed uid for the slurm user
 DEFAULT_USER = "hpuser"
+ONSTART_REASON = "hp-health:on-start:pending"
 
 
 @dataclass
@@ -135,6 +136,9 @@ class Launcher:
         vols = {shared_volume(c.name): "/home"}
         if role == "worker":
             env["HP_SLURMD_CONF"] = itype.slurmd_conf(group.InstanceGroupName.lower())
+            if group.OnStartDeepHealthChecks:
+                # the node registers drained, so it takes no job before its on-start check passes
+                env["HP_SLURMD_CONF"] += f" State=DRAIN Reason={ONSTART_REASON}"
         if role == "controller":
             vols = {state_volume(c.name): "/var/spool/slurmctld"}
         lab = labels(c.name, role, group.InstanceGroupName, node, index, itype.name)

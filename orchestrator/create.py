@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
-from .cluster import Cluster, Env, Launcher, parallel
+from .cluster import ONSTART_REASON, Cluster, Env, Launcher, parallel
 from .errors import BadInput, HpError, LaunchError, OperationFailed, WaitTimeout
 from .naming import labels, network_name, node_name, shared_volume, state_volume
 from .slurmconf import render
@@ -162,7 +162,8 @@ def _create(cluster: Cluster, images: dict[str, str], opts: CreateOptions, progr
     progress.stage("wait", "waiting for nodes to be idle in Slurm")
     wait_nodes(cluster, workers, logins, deadline, opts.register_timeout, progress, strict=True)
     for n in outcome.started:
-        env.store.node_status(name, n, "Running", "")
+        if not groups[n].OnStartDeepHealthChecks:  # those are marked Running by the agent, which checks them
+            env.store.node_status(name, n, "Running", "")
     env.store.set_status(name, "InService")
     env.store.event(name, "Cluster", "Info", f"Cluster {name} is InService")
 
@@ -209,7 +210,10 @@ def wait_nodes(cluster: Cluster, workers: list[str], logins: list[str], deadline
     group_of = {n: n.rsplit("-", 1)[0] for n in workers}
     gname = {g.InstanceGroupName.lower(): g.InstanceGroupName for g in spec.InstanceGroups}
     while True:
-        idle = {n.name for n in cluster.slurm.nodes() if n.usable} & want
+        # a node of a group with on-start checks registers drained: it is up, and is
+        # checked by the agent before it takes jobs
+        idle = {n.name for n in cluster.slurm.nodes()
+                if n.usable or (n.reason == ONSTART_REASON and not n.not_responding)} & want
         counts = {g: (sum(1 for n in idle if gname[group_of[n]] == g), t, 0) for g, t in target.items()}
         progress.groups(counts)
         pending = want - idle - set(failed)
