@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
@@ -18,6 +18,8 @@ class InstanceType:
     cpu_limit: float  # cores of the host the container may use (cgroup quota)
     memory_mib: int  # container memory limit and Slurm RealMemory
     gpus: int = 0
+    # Deep health-check thresholds (HealthThresholds in the YAML), e.g. IperfGbps.
+    health: dict[str, float] = field(default_factory=dict, hash=False, compare=False)
 
     def slurmd_conf(self, feature: str) -> str:
         """The `slurmd -Z --conf` string that makes a dynamic node advertise this type."""
@@ -40,9 +42,10 @@ def _parse(doc: object, source: str) -> dict[str, InstanceType]:
                 cpu_limit=float(f["CpuLimit"]),
                 memory_mib=int(f["MemoryMiB"]),
                 gpus=int(f.get("Gpus", 0)),
+                health={str(k): float(v) for k, v in (f.get("HealthThresholds") or {}).items()},
             )
         except (KeyError, TypeError, ValueError) as e:
-            problems.append(f"{source}: {name}: needs VCpus, CpuLimit, MemoryMiB (and optional Gpus): {e}")
+            problems.append(f"{source}: {name}: needs VCpus, CpuLimit, MemoryMiB (and optional Gpus, HealthThresholds): {e}")
     if problems:
         raise BadInput(problems, "bad instance-type file")
     return out

@@ -256,6 +256,56 @@ class DockerProvider:
         except ImageNotFound:
             return False
 
+    def image_id(self, ref: str) -> str | None:
+        from docker.errors import ImageNotFound
+
+        try:
+            return self.api.inspect_image(ref)["Id"]
+        except ImageNotFound:
+            return None
+
+    def save_images(self, refs: list[str], chunk_size: int = 4 << 20) -> Iterator[bytes]:
+        """One tar of several images, as `docker save a b c`: layers they share are
+        stored once (docker-py's get_image takes a single name, hence the raw call)."""
+        api = self.api
+        res = api._get(api._url("/images/get"), params={"names": refs}, stream=True)
+        api._raise_for_status(res)
+        return api._stream_raw_result(res, chunk_size, False)
+
+    def load_images(self, data: Any) -> list[str]:
+        """Load a tar made by save_images (bytes or a file object); the engine's messages."""
+        msgs = []
+        for chunk in self.api.load_image(data, quiet=True):
+            if "error" in chunk:
+                raise LaunchError("ImageLoadFailed", str(chunk["error"]).strip()[:500], retryable=False)
+            if chunk.get("stream"):
+                msgs.append(chunk["stream"].strip())
+        return msgs
+
+    def read_image_file(self, ref: str, path: str) -> bytes:
+        """A file from an image, without running it: create a container, copy, remove."""
+        cid = self.api.create_container(ref, command=["true"], labels={L_MANAGED: "0"})["Id"]
+        try:
+            return self.get_file(cid, path)
+        finally:
+            self.api.remove_container(cid, force=True)
+
+    def get_dir(self, container: str, path: str) -> dict[str, bytes]:
+        """Regular files under a directory of a container, running or stopped (relative name -> content)."""
+        from docker.errors import NotFound as DNotFound
+
+        try:
+            stream, _ = self.api.get_archive(container, path)
+        except DNotFound:
+            return {}
+        out = {}
+        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+            for m in tar:
+                f = tar.extractfile(m) if m.isfile() else None
+                if f is not None:
+                    out[m.name.split("/", 1)[1] if "/" in m.name else m.name] = f.read()
+        return out
+
 
 def _label_filter(cluster: str | None) -> str:
     return f"{L_CLUSTER}={cluster}" if cluster else f"{L_MANAGED}=1"
@@ -303,3 +353,47 @@ def _read_multiplexed(sock: Any) -> bytes:
         out += data[i + 8:i + 8 + size]
         i += 8 + size
     return out
+
+
+@dataclass
+class CheckContainerSpec:
+    """A health-check container that lives in a node's network namespace, with the
+    node's cgroup limits (read from the node just before), and nothing more."""
+
+    name: str
+    image: str
+    node_container: str  # id or name: network_mode container:<it>
+    labels: dict[str, str]
+    command: list[str]
+    nano_cpus: int | None = None
+    cpu_quota: int | None = None
+    cpu_period: int | None = None
+    memory_bytes: int | None = None
+    gpus: list[str] = field(default_factory=list)
+    environment: dict[str, str] = field(default_factory=dict)
+
+
+def create_check_container(p: DockerProvider, spec: CheckContainerSpec) -> str:
+    """Create (not start) a check container. A module-level function over the provider
+    (added for the health checks) so the provider class itself stays as it was."""
+    api = p.api
+    host_kw: dict[str, Any] = {"init": True, "network_mode": f"container:{spec.node_container}"}
+    if spec.nano_cpus:
+        host_kw["nano_cpus"] = spec.nano_cpus
+    elif spec.cpu_quota and spec.cpu_quota > 0:
+        host_kw.update(cpu_quota=spec.cpu_quota, cpu_period=spec.cpu_period or 100000)
+    if spec.memory_bytes:
+        host_kw.update(mem_limit=spec.memory_bytes, memswap_limit=spec.memory_bytes)
+    if spec.gpus:
+        from docker.types import DeviceRequest
+
+        host_kw["device_requests"] = [DeviceRequest(driver="nvidia", device_ids=spec.gpus, capabilities=[["gpu"]])]
+    from docker.errors import ImageNotFound
+
+    try:
+        res = api.create_container(spec.image, command=spec.command, name=spec.name, labels=spec.labels,
+                                   environment=spec.environment, host_config=api.create_host_config(**host_kw))
+    except ImageNotFound:
+        raise LaunchError("ImageNotFound", f"check image {spec.image} is not present on the Docker host; "
+                          "build it with 'hp images build'", retryable=False) from None
+    return res["Id"]

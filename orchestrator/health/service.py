@@ -1,0 +1,156 @@
+"""Start, follow and cancel health-check requests (what the CLI and on-start call)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+from ..cluster import Cluster, Env
+from ..errors import BadInput, NotFound, OperationFailed, WaitTimeout
+from ..naming import L_GROUP, L_ROLE
+from ..state import iso
+from . import sidecar
+from .logic import CHECKS, validate_checks
+from .records import Records, Request
+
+
+def plan(cluster: Cluster, groups: list[str], nodes: list[str], checks: list[str]) -> tuple[list[str], list[str]]:
+    """(nodes to check, their groups) from --group/--node; every problem at once."""
+    problems = validate_checks(checks)
+    spec = cluster.spec
+    compute = {g.InstanceGroupName for g in spec.InstanceGroups if g.node_type == "Compute"}
+    problems += [f"{g!r} is not a compute instance group of {cluster.name} (groups: {', '.join(sorted(compute))})"
+                 for g in groups if g not in compute]
+    workers = {n: c for n, c in cluster.node_containers().items() if c.labels.get(L_ROLE) == "worker"}
+    problems += [f"{n!r} is not a worker node of {cluster.name} (nodes: {', '.join(sorted(workers))})"
+                 for n in nodes if n not in workers]
+    if problems:
+        raise BadInput(problems, "invalid health-check request")
+    chosen = list(dict.fromkeys(nodes)) if nodes else sorted(
+        n for n, c in workers.items() if not groups or c.labels.get(L_GROUP) in groups)
+    if not chosen:
+        raise BadInput("no worker node to check", "invalid health-check request")
+    if "InstanceConnectivity" in checks and len(chosen) < 2:
+        raise BadInput(f"InstanceConnectivity needs at least 2 nodes, {len(chosen)} chosen", "invalid health-check request")
+    return chosen, sorted({workers[n].labels.get(L_GROUP, "") for n in chosen})
+
+
+def start(env: Env, name: str, groups: list[str], nodes: list[str], checks: list[str],
+          options: dict[str, Any], detach: bool = True) -> str:
+    cluster = Cluster(env, name)
+    checks = list(dict.fromkeys(checks or CHECKS))
+    chosen, gs = plan(cluster, groups, nodes, checks)
+    rec = Records(env.store)
+    rid = rec.new_request(name, checks, gs, chosen, options)
+    if rid is None:
+        act = rec.active(name)
+        raise OperationFailed(f"cluster {name!r} already has an active health check {act.id if act else ''} "
+                              f"({act.state if act else ''}); wait for it or 'hp health-check cancel {name}'")
+    env.store.event(name, "Cluster", "Info", f"Deep health check {rid} requested: {', '.join(checks)} on "
+                    f"{len(chosen)} node(s) of {', '.join(gs)}")
+    if detach:
+        proc = subprocess.Popen([sys.executable, "-m", "orchestrator.health.worker", name, rid],
+                                start_new_session=True, stdin=subprocess.DEVNULL,
+                                stdout=open(rec_log(env, name, rid), "ab"), stderr=subprocess.STDOUT)
+        rec.set_pid(rid, proc.pid)
+    return rid
+
+
+def rec_log(env: Env, name: str, rid: str):
+    from .records import output_dir
+
+    return output_dir(env.store, name, rid) / "worker.log"
+
+
+def alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie child of this very process is dead
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def reap_dead(rec: Records, r: Request) -> Request:
+    """A request whose worker died without finishing is Failed (said so, once)."""
+    if r.state in ("Pending", "Running") and r.pid and not alive(r.pid):
+        rec.set_state(r.id, "Failed", "the health-check worker process died", ended=True)
+        return rec.request(r.id) or r
+    return r
+
+
+def status(env: Env, name: str, rid: str | None = None) -> dict[str, Any]:
+    if env.store.cluster(name) is None:
+        raise NotFound(f"cluster {name!r} does not exist")
+    rec = Records(env.store)
+    reqs = rec.requests(name)
+    if rid:
+        reqs = [r for r in reqs if r.id == rid]
+        if not reqs:
+            raise NotFound(f"cluster {name!r} has no health check {rid!r}")
+    if not reqs:
+        return {"ClusterName": name, "Request": None}
+    r = reap_dead(rec, reqs[-1])
+    results = rec.results(r.id)
+    groups: dict[str, Any] = {}
+    for x in results:
+        g = groups.setdefault(x.group, {"InstanceGroupName": x.group, "Nodes": {}})
+        g["Nodes"].setdefault(x.node, []).append(x.as_dict())
+    return {"ClusterName": name, "Request": {
+        "Id": r.id, "State": r.state, "Checks": r.checks, "Groups": r.groups, "Nodes": r.nodes,
+        "CreationTime": iso(r.created), "EndTime": iso(r.ended) if r.ended else None, "Message": r.message,
+        "Verdicts": r.options.get("verdicts", {}),
+        "InstanceGroups": [{"InstanceGroupName": g["InstanceGroupName"],
+                            "Nodes": [{"Node": n, "Checks": v} for n, v in sorted(g["Nodes"].items())]}
+                           for g in groups.values()]}}
+
+
+def wait(env: Env, name: str, rid: str, timeout: float) -> dict[str, Any]:
+    rec = Records(env.store)
+    deadline = time.monotonic() + timeout
+    while True:
+        r = reap_dead(rec, rec.request(rid))
+        if r.state not in ("Pending", "Running"):
+            return status(env, name, rid)
+        if time.monotonic() > deadline:
+            raise WaitTimeout(f"health check {rid} still {r.state} after {timeout:g} s")
+        time.sleep(0.5)
+
+
+def cancel(env: Env, name: str) -> str:
+    """Stop the active request's worker, remove its check containers and resume the
+    nodes it drained (only those still drained for it)."""
+    rec = Records(env.store)
+    r = rec.active(name)
+    if r is None:
+        raise NotFound(f"cluster {name!r} has no active health check")
+    if r.pid and alive(r.pid):
+        try:
+            os.killpg(r.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    cluster = Cluster(env, name)
+    sidecar.remove_all(cluster, r.id)
+    from .logic import is_ours
+
+    mine = [n.name for n in cluster.slurm.nodes() if n.drained and is_ours(n.reason, r.id)]
+    cluster.slurm.update(mine, "resume")
+    for n in mine:
+        env.store.node_status(name, n, "Running", "")
+    rec.set_state(r.id, "Cancelled", "cancelled by the user", ended=True)
+    return r.id
+
+
+def dumps(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, indent=2)

@@ -1,0 +1,110 @@
+"""Pure logic of the deep health checks."""
+from __future__ import annotations
+
+import threading
+
+from orchestrator.catalogue import InstanceType
+from orchestrator.health.logic import (CpuBudget, NodeLimits, claim, grant_problems, idle_drained, implicated,
+                                       is_ours, node_limits, reason, ring_pairs, thresholds, validate_checks)
+from orchestrator.health.stress import judge, split_output, stress_command, StressOptions
+from orchestrator.slurm import SlurmNode
+
+NANO = InstanceType("cpu.nano", 1, 0.05, 256, health={"IperfGbps": 0.2})
+
+
+def test_limits_from_inspect():
+    assert node_limits({"HostConfig": {"NanoCpus": 50_000_000, "Memory": 256 * 2**20}}).granted_cpus == 0.05
+    lim = node_limits({"HostConfig": {"CpuQuota": 1000, "CpuPeriod": 100000, "Memory": 40 * 2**20}})
+    assert lim.granted_cpus == 0.01 and lim.memory_mib == 40
+    assert NodeLimits().granted_cpus is None
+
+
+def test_grant_problems_name_the_own_quota_and_memory():
+    assert grant_problems(NANO, NodeLimits(nano_cpus=50_000_000, memory_bytes=256 * 2**20), 0.03) == []
+    p = grant_problems(NANO, NodeLimits(nano_cpus=10_000_000, memory_bytes=40 * 2**20), 0.01)
+    assert "throttled by the node's own cgroup quota" in p[0] and "memory limit is 40 MiB" in p[1]
+
+
+def test_thresholds_overlay_defaults():
+    th = thresholds(NANO)
+    assert th["IperfGbps"] == 0.2 and th["StressCpuBogoOpsPerCpuSecond"] > 0
+
+
+def test_cpu_budget_bounds_concurrency_by_host_cores():
+    b = CpuBudget(2.0)
+    b.acquire(1.5)
+    assert not b.fits(1.0) and b.fits(0.5)
+    got = threading.Event()
+    t = threading.Thread(target=lambda: (b.acquire(1.0), got.set()))
+    t.start()
+    assert not got.wait(0.2)
+    b.release(1.5)
+    assert got.wait(2)
+    t.join()
+    big = CpuBudget(1.0)
+    big.acquire(8.0)  # bigger than the host: admitted alone
+    assert big.running == 1
+
+
+def test_ring_pairs_and_blame():
+    assert ring_pairs(["a"]) == [] and ring_pairs(["a", "b"]) == [("a", "b")]
+    pairs = ring_pairs(["a", "b", "c"])
+    assert pairs == [("a", "b"), ("b", "c"), ("c", "a")]
+    ok = {("a", "b"): False, ("b", "c"): False, ("c", "a"): True}
+    assert implicated(["a", "b", "c"], ok) == {"b"}
+    assert implicated(["a", "b"], {("a", "b"): False}) == {"a", "b"}
+    assert implicated(["a", "b", "c"], {p: False for p in pairs}) == {"a", "b", "c"}
+
+
+def node(state, reason=""):
+    return SlurmNode("cpu-1", tuple(state), reason)
+
+
+def test_claim_never_takes_a_foreign_drain():
+    assert claim(node(["IDLE"]), "hp-health:r1:").drain
+    assert claim(node(["MIXED"]), "hp-health:r1:").drain  # drained now, checked once idle
+    c = claim(node(["IDLE", "DRAIN"], "admin work"), "hp-health:r1:")
+    assert not c.drain and "admin work" in c.skip_reason
+    assert claim(node(["IDLE", "DRAIN"], "hp-health:r0:InstanceStress failed: x"), "hp-health:r1:").drain
+    assert not claim(None, "x").drain
+
+
+def test_idle_drained_and_reasons():
+    assert idle_drained(node(["IDLE", "DRAIN"]))
+    assert not idle_drained(node(["MIXED", "DRAIN"])) and not idle_drained(node(["IDLE"]))
+    r = reason("hc-1", "InstanceStress", "slow")
+    assert r == "hp-health:hc-1:InstanceStress failed: slow" and is_ours(r, "hc-1") and not is_ours(r, "hc-2")
+    assert validate_checks(["InstanceStress", "Nope"]) == ["unknown check 'Nope' (checks: InstanceStress, InstanceConnectivity)"]
+
+
+YAML = """metrics:
+    - stressor: cpu
+      bogo-ops: 139
+      bogo-ops-per-second-usr-sys-time: 1488.7
+      bogo-ops-per-second-real-time: 46.3
+      wall-clock-time: 3.0
+      user-time: 0.09
+      system-time: 0.003
+    - stressor: vm
+      bogo-ops: {vm}
+      bogo-ops-per-second-usr-sys-time: 3411.0
+      bogo-ops-per-second-real-time: 84.4
+      wall-clock-time: 3.6
+      user-time: 0.006
+      system-time: 0.083
+"""
+
+
+def out(vm: int, rc: int = 0) -> str:
+    return f"stress-ng: info:  [8] dispatching hogs: 1 cpu, 1 vm\n@@HP-STRESS-YAML@@\n{YAML.format(vm=vm)}@@HP-STRESS-RC={rc}\n"
+
+
+def test_stress_output_split_and_judged_per_cpu_second():
+    log, yml, rc = split_output(out(304))
+    assert rc == 0 and "dispatching" in log and "stressor: vm" in yml
+    assert split_output("killed")[2] == -1
+    v = judge(NANO, out(304), 0.05, [])
+    assert v.passed, v.reasons
+    bad = judge(NANO, out(0), 0.05, [])  # exit 0, but the memory stressor did nothing
+    assert not bad.passed and any("vm did no work" in r for r in bad.reasons)
+    assert "--verify" in stress_command(StressOptions(), 0.05) and "--cpu 1 " in stress_command(StressOptions(), 0.05)
