@@ -175,8 +175,13 @@ class GroupReconciler:
                              f"and instance group {self.group} is being removed (scale-down to {g.InstanceCount})")
             return 0.1
         # 3. scale up: launch missing nodes whose retry is due
-        missing = g.InstanceCount - len(active)
-        used = {int(ci.labels.get(L_INDEX, "0")) for ci in mine.values()}
+        # a node being rebooted or replaced may have no container for a moment: it is
+        # still there (recovery owns it), not missing
+        recovering = {n for n, (p, _, t) in self.c.store.latest_node_status(self.c.name).items()
+                      if p in ("Rebooting", "Replacing") and n not in mine and now - t < 120
+                      and n.rsplit("-", 1)[0] == self.group.lower()}
+        missing = g.InstanceCount - len(active) - len(recovering)
+        used = {int(ci.labels.get(L_INDEX, "0")) for ci in mine.values()} | {int(n.rsplit("-", 1)[1]) for n in recovering}
         free = [i for i in range(1, g.InstanceCount + len(mine) + 2) if i not in used]
         wanted = free[:max(missing, 0)]
         self._forget_unneeded(g, set(mine), {node_name(self.group, i) for i in wanted})

@@ -251,8 +251,9 @@ def version(json_out: bool = JsonOpt) -> None:
         refs = env.images.refs(NODE_IMAGES)
         doc["images"] = refs
         w = refs["worker"]
-        if env.provider.image_exists(w):
-            doc["slurm"] = env.provider.api.inspect_image(w)["Config"]["Labels"].get("io.hp.slurm-version") or "24.11"
+        from .ci import slurm_version
+
+        doc["slurm"] = slurm_version(env, w)  # from the worker image's dpkg database; None if not built
     except HpError as e:
         doc["images"] = None
         doc["note"] = str(e).splitlines()[0]
@@ -289,11 +290,10 @@ def main() -> None:
 
 
 def _register() -> None:
-    from . import cli_ci, cli_health, cli_scale
+    from . import cli_ci, cli_health, cli_recovery, cli_scale
 
-    for m in (cli_scale, cli_ci, cli_health):
+    for m in (cli_scale, cli_ci, cli_health, cli_recovery):
         m.register(app)
-    __import__(f"{__package__}.cli_recovery", fromlist=["register"]).register(app)  # hp reboot, hp replace
 
 
 _register()

@@ -13,7 +13,7 @@ from typing import Callable, Protocol
 
 from .cluster import ONSTART_REASON, Cluster, Env, Launcher, parallel
 from .errors import BadInput, HpError, LaunchError, OperationFailed, WaitTimeout
-from .naming import labels, network_name, node_name, shared_volume, state_volume
+from .naming import container_name, labels, network_name, node_name, shared_volume, state_volume
 from .slurmconf import render
 from .spec import ClusterSpec, InstanceGroup
 from . import teardown
@@ -111,18 +111,18 @@ def _create(cluster: Cluster, images: dict[str, str], opts: CreateOptions, progr
 
     progress.stage("controller", cluster.controller_host)
     conf = render(spec, env.catalogue).encode()
-    ctl = launcher.create_many([(spec.controller, 1)], files={"slurm.conf": (conf, 0o644, 0)})
-    ctl_res = ctl[cluster.controller_host]
-    if isinstance(ctl_res, LaunchError):
-        raise OperationFailed(f"controller {cluster.controller_host} could not be launched: {ctl_res}")
-    if err := launcher.start(ctl_res):
-        raise OperationFailed(f"controller {cluster.controller_host} could not be started: {err}")
+    ctl_res = _start_controller(cluster, launcher, conf)
 
     # While slurmctld boots, create every other node's container.
     wanted = [(g, i) for g in spec.InstanceGroups if g.node_type != "Controller"
               for i in range(1, g.InstanceCount + 1)]
     created = launcher.create_many(wanted)
-    wait_controller(cluster, ctl_res, min(deadline, time.monotonic() + 60))
+    try:
+        wait_controller(cluster, ctl_res, min(deadline, time.monotonic() + 60))
+    except LaunchError as e:
+        if not (spec.continuous and e.retryable):
+            raise OperationFailed(f"controller {cluster.controller_host}: {e}") from None
+        ctl_res = _retry_controller(cluster, launcher, conf, deadline, e)
     env.store.event(name, "Instance", "Info", f"Controller {cluster.controller_host} is up", spec.controller.InstanceGroupName,
                     node=cluster.controller_host)
 
@@ -168,6 +168,35 @@ def _create(cluster: Cluster, images: dict[str, str], opts: CreateOptions, progr
     env.store.event(name, "Cluster", "Info", f"Cluster {name} is InService")
 
 
+def _start_controller(cluster: Cluster, launcher: Launcher, conf: bytes) -> str:
+    res = launcher.create_many([(cluster.spec.controller, 1)], files={"slurm.conf": (conf, 0o644, 0)})
+    cid = res[cluster.controller_host]
+    if isinstance(cid, LaunchError):
+        # no capacity for the controller's type, or its image is missing: fatal, whatever the mode
+        raise OperationFailed(f"controller {cluster.controller_host} could not be launched: {cid}")
+    if err := launcher.start(cid):
+        raise OperationFailed(f"controller {cluster.controller_host} could not be started: {err}")
+    return cid
+
+
+def _retry_controller(cluster: Cluster, launcher: Launcher, conf: bytes, deadline: float, first: LaunchError) -> str:
+    """Continuous mode: a controller that failed for a retryable reason (its container
+    exited, slurmctld did not answer) is made again, with backoff, a few times."""
+    from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+    env, name = cluster.env, cluster.name
+    env.store.event(name, "Instance", "Error", f"Controller {cluster.controller_host} failed, retrying: {first}",
+                    cluster.spec.controller.InstanceGroupName, node=cluster.controller_host)
+    for attempt in Retrying(stop=stop_after_attempt(3), wait=wait_exponential(multiplier=1, max=5), reraise=True,
+                            retry=retry_if_exception(lambda e: isinstance(e, LaunchError) and e.retryable)):
+        with attempt:
+            cluster.p.remove_container(container_name(name, cluster.controller_host))
+            cid = _start_controller(cluster, launcher, conf)
+            wait_controller(cluster, cid, min(deadline, time.monotonic() + 60))
+            return cid
+    raise AssertionError("unreachable")
+
+
 def _shortage_message(failed: dict[str, LaunchError], groups: dict[str, InstanceGroup]) -> str:
     by_group: dict[str, list[str]] = {}
     for n, e in failed.items():
@@ -178,7 +207,8 @@ def _shortage_message(failed: dict[str, LaunchError], groups: dict[str, Instance
 
 
 def wait_controller(cluster: Cluster, cid: str, deadline: float) -> None:
-    """Ready when `scontrol ping` answers; fail fast if the container exits."""
+    """Ready when `scontrol ping` answers; fail fast if the container exits (a
+    retryable LaunchError carrying the last log lines)."""
     slurm = cluster.slurm
     checks = 0
     while True:
@@ -189,10 +219,11 @@ def wait_controller(cluster: Cluster, cid: str, deadline: float) -> None:
             st = cluster.p.inspect(cid)["State"]
             if not st.get("Running"):
                 logs = cluster.p.logs(cid, tail=30)
-                raise OperationFailed(f"controller exited ({st.get('ExitCode')}) before answering; last log:\n{logs}")
+                raise LaunchError("ContainerExited", f"controller exited ({st.get('ExitCode')}) before answering; "
+                                  f"last log:\n{logs}", retryable=True)
         if time.monotonic() > deadline:
-            raise WaitTimeout("controller did not answer 'scontrol ping' in time; last log:\n"
-                              + cluster.p.logs(cid, tail=30))
+            raise LaunchError("RegistrationTimeout", "controller did not answer 'scontrol ping' in time; last log:\n"
+                              + cluster.p.logs(cid, tail=30), retryable=True)
         time.sleep(0.1)
 
 

@@ -55,7 +55,9 @@ TRANSITIONS: dict[tuple[str, str], str] = {
 
 
 PHASES = set(VISIBLE)
-INITIAL = {"Queued", "Launching"}
+# a node's first recorded phase: launched by the reconciler, or (controller and login
+# nodes made by `hp create`, which have no history) first seen when recovery acts on it
+INITIAL = {"Queued", "Launching", "Rebooting", "Replacing"}
 
 
 def allowed(frm: str | None, to: str) -> bool:

@@ -1,16 +1,226 @@
 """Node recovery: reboot (restart the container) and replace (new container, same
-Slurm node name). To be implemented; API fixed so that the health checks and the
-agent can call it."""
+Slurm node name, new NodeId). Called by the recovery watcher (watch.py), the deep
+health checks and `hp reboot` / `hp replace`.
+
+Each action records node_status phases of lifecycle.py's table (Rebooting,
+Replacing, then Running; LaunchFailed hands a replacement that did not come up to the
+agent's reconciler, which retries it), so that other hp processes leave the node
+alone, and events, and waits until the node is usable again:
+a worker idle in Slurm, a login node reaching slurmctld, the controller answering.
+"""
 from __future__ import annotations
 
-from .cluster import Cluster
+import time
+from dataclasses import dataclass
+
+from .cluster import Cluster, Launcher, index_of, parallel, role_of
+from .errors import BadInput, LaunchError, OperationFailed
+from .naming import L_GROUP, node_id
+from .provider import ContainerInfo
+from .slurm import SlurmNode
+
+POLL_S = 0.2
+# Slurm reasons hp may clear with `state=resume` once the node answers again: the
+# admin's recovery requests and Slurm's own verdicts. Any other reason is someone's.
+RESUMABLE_REASONS = ("Action:Reboot", "Action:Replace", "Not responding", "Node unexpectedly rebooted")
+
+
+@dataclass(frozen=True)
+class Target:
+    """The node acted on: its Slurm name, role, group and index, and its container if any."""
+
+    node: str
+    role: str
+    group: str
+    index: int
+    container: ContainerInfo | None
+
+    @property
+    def node_id(self) -> str | None:
+        return node_id(self.container.id) if self.container else None
+
+    def label(self) -> str:
+        return f"Instance {self.node_id or '(none)'} ({self.node})"
+
+
+def target(cluster: Cluster, node: str) -> Target:
+    """Resolve a Slurm node name to what recovery needs; BadInput if the cluster has no such node."""
+    c = cluster.node_containers().get(node)
+    if c is not None:
+        return Target(node, role_of(c), c.labels.get(L_GROUP, ""), index_of(c), c)
+    # No container (removed by someone): the name still says group and index.
+    base, _, idx = node.rpartition("-")
+    groups = {g.InstanceGroupName.lower(): g for g in cluster.spec.InstanceGroups}
+    g = groups.get(base)
+    if g is None or not idx.isdigit() or not 1 <= int(idx) <= max(g.InstanceCount, 1):
+        raise BadInput(f"cluster {cluster.name!r} has no node {node!r}")
+    from .naming import ROLE_BY_NODE_TYPE
+
+    return Target(node, ROLE_BY_NODE_TYPE[g.node_type], g.InstanceGroupName, int(idx), None)
 
 
 def reboot(cluster: Cluster, node: str, reason: str, wait: float = 60.0) -> bool:
     """Restart the node's container; True when it is back idle (or usable) in Slurm."""
-    raise NotImplementedError
+    t = target(cluster, node)
+    store, name = cluster.store, cluster.name
+    if t.container is None:
+        _event(cluster, t, "Error", f"could not be rebooted ({reason}): it has no container")
+        return False
+    store.node_status(name, node, "Rebooting", f"rebooting: {reason}")
+    _event(cluster, t, "Info", f"is being rebooted: {reason}")
+    t0 = time.monotonic()
+    try:
+        _forget(cluster, t)
+        if t.container.state == "running":
+            cluster.p.restart(t.container.id, timeout=2)
+        else:
+            cluster.p.start(t.container.id)
+        ok = wait_usable(cluster, t, t.container.id, t0 + wait)
+    except Exception as e:  # noqa: BLE001 - any engine/Slurm error: the reboot failed, replace may help
+        ok, reason = False, f"{reason}; {str(e)[:200]}"
+    if ok:
+        store.node_status(name, node, "Running", "")
+        _event(cluster, t, "Info", f"was rebooted: {reason} (back in {time.monotonic() - t0:.1f} s)")
+        if t.role == "controller":
+            reregister_lost(cluster, wait)
+    else:  # left Rebooting: recover() replaces it; the watcher retries a stale one later
+        _event(cluster, t, "Error", f"did not come back within {wait:g} s of a reboot: {reason}")
+    return ok
 
 
 def replace(cluster: Cluster, node: str, reason: str, wait: float = 60.0) -> bool:
     """Remove the node's container and launch a new one with the same Slurm name."""
-    raise NotImplementedError
+    t = target(cluster, node)
+    if t.role == "controller":
+        raise BadInput(f"{node} is the controller of cluster {cluster.name!r}: it can be rebooted "
+                       f"('hp reboot {cluster.name} {node}'), not replaced (its state lives on its volume)")
+    store, name = cluster.store, cluster.name
+    group = cluster.group_of(t.group)
+    store.node_status(name, node, "Replacing", f"replacing: {reason}")
+    _event(cluster, t, "Info", f"is being replaced: {reason}")
+    t0 = time.monotonic()
+    if t.container is not None:
+        cluster.p.remove_container(t.container.id)
+    _forget(cluster, t)
+    launcher = Launcher(cluster, _images(cluster, t))
+    res = launcher.create_many([(group, t.index)])[node]
+    err = res if isinstance(res, LaunchError) else launcher.start(res)
+    if err is not None:
+        store.node_status(name, node, "LaunchFailed", f"replacement could not be launched: {err}")
+        _event(cluster, t, "Error", f"could not be replaced ({reason}): {err}")
+        return False
+    assert isinstance(res, str)
+    new = Target(t.node, t.role, t.group, t.index, cluster.node_containers().get(node))
+    try:
+        ok = wait_usable(cluster, new, res, t0 + wait)
+    except Exception:  # noqa: BLE001 - e.g. the new container was removed meanwhile
+        ok = False
+    if ok:
+        store.node_status(name, node, "Running", "")
+        _event(cluster, t, "Info", f"was replaced by {new.node_id}: {reason} (up in {time.monotonic() - t0:.1f} s)",
+               new.node_id)
+    else:
+        store.node_status(name, node, "LaunchFailed", f"replacement did not register within {wait:g} s: {reason}")
+        _event(cluster, new, "Error", f"(replacement) did not come up within {wait:g} s: {reason}")
+    return ok
+
+
+def recover(cluster: Cluster, node: str, reason: str, wait: float = 60.0) -> bool:
+    """Reboot; replace if the reboot does not bring the node back (the controller is only rebooted)."""
+    if reboot(cluster, node, reason, wait):
+        return True
+    if target(cluster, node).role == "controller":
+        return False
+    return replace(cluster, node, f"{reason}; reboot did not bring it back", wait)
+
+
+def reregister_lost(cluster: Cluster, wait: float = 60.0) -> list[str]:
+    """A controller killed before it saved its state forgets the dynamic nodes that
+    registered since; their slurmd never registers again by itself. Reboot them."""
+    try:
+        known = {n.name for n in cluster.slurm.nodes()}
+    except OperationFailed:
+        return []
+    lost = sorted(n for n, c in cluster.node_containers().items()
+                  if role_of(c) == "worker" and c.state == "running" and n not in known)
+    parallel(lambda n: reboot(cluster, n, "Slurm forgot it when the controller restarted", wait), lost)
+    return lost
+
+
+def wait_usable(cluster: Cluster, t: Target, cid: str, deadline: float) -> bool:
+    """Wait until the node can be used: worker idle in Slurm, login/controller answering.
+    False at the deadline or as soon as its container exits."""
+    checks = 0
+    resumed_at = 0.0
+    while time.monotonic() < deadline:
+        if _answers(cluster, t, cid):
+            return True
+        if t.role == "worker":
+            snode = _slurm_node(cluster, t.node)
+            if snode is not None and snode.usable:
+                return True
+            # Slurm keeps a FAIL (admin's Action:*) or DOWN node so until told: resume it
+            # once slurmd answers again (no NOT_RESPONDING), at most every 2 s.
+            if snode is not None and needs_resume(snode) and time.monotonic() - resumed_at > 2:
+                resumed_at = time.monotonic()
+                try:
+                    cluster.slurm.update([t.node], "resume")
+                except Exception:  # noqa: BLE001 - the controller may be restarting: next round
+                    pass
+        checks += 1
+        if checks % 10 == 0 and not cluster.p.inspect(cid)["State"].get("Running"):
+            return False
+        time.sleep(POLL_S)
+    return False
+
+
+def _answers(cluster: Cluster, t: Target, cid: str) -> bool:
+    """Login and controller: is slurmctld reachable from the node? (Workers: see Slurm.)
+    Any engine error means not yet: the controller itself may be restarting."""
+    try:
+        if t.role == "controller":
+            return cluster.slurm.ping()
+        if t.role == "login":
+            return cluster.p.exec(cid, ["scontrol", "ping"]).exit_code == 0
+    except Exception:  # noqa: BLE001
+        pass
+    return False
+
+
+def needs_resume(n: SlurmNode) -> bool:
+    """A node that answers but that Slurm keeps out of service for a reason hp may clear."""
+    held = n.base in ("DOWN",) or bool({"FAIL", "DRAIN"} & n.flags)
+    return held and "NOT_RESPONDING" not in n.flags and n.reason.startswith(RESUMABLE_REASONS)
+
+
+def _slurm_node(cluster: Cluster, node: str) -> SlurmNode | None:
+    try:
+        return next((n for n in cluster.slurm.nodes() if n.name == node), None)
+    except Exception:  # noqa: BLE001 - the controller may be restarting: unknown for now
+        return None
+
+
+def _forget(cluster: Cluster, t: Target) -> None:
+    """Delete a worker's Slurm record before it comes back, so that it registers afresh
+    (idle, no stale Action:* reason). Slurm refuses while the node holds jobs: then the
+    old record revives on registration (ReturnToService=2) or is resumed."""
+    if t.role != "worker":
+        return
+    try:
+        cluster.slurm.delete([t.node])
+    except OperationFailed:
+        pass
+
+
+def _images(cluster: Cluster, t: Target) -> dict[str, str]:
+    """hp's current node images; the old container's image where the current one is not built."""
+    refs = cluster.env.images.refs()
+    if t.container is not None and not cluster.p.image_exists(refs.get(t.role, "")):
+        refs[t.role] = t.container.image
+    return refs
+
+
+def _event(cluster: Cluster, t: Target, level: str, what: str, nid: str | None = None) -> None:
+    """An Instance event; `nid` is the NodeId it is filed under (a replacement's new one)."""
+    cluster.store.event(cluster.name, "Instance", level, f"{t.label()} in cluster {cluster.name} {what}",
+                        t.group, nid or t.node_id, t.node)
