@@ -47,7 +47,7 @@ DEFAULT_CPU_OVERCOMMIT = 4.0
 
 
 def host_pool(provider: DockerProvider) -> Pool:
-    info = provider.api.info()
+    info = provider.info()
     gpus = [g.strip() for g in os.environ.get("HP_GPUS", "").split(",") if g.strip()]
     factor = float(os.environ.get("HP_CPU_OVERCOMMIT", DEFAULT_CPU_OVERCOMMIT))
     return Pool(cpus=float(info.get("NCPU", os.cpu_count() or 1)) * factor,

@@ -67,6 +67,7 @@ class DockerProvider:
         self._base_url = base_url
         self._pool_size = pool_size
         self._api: Any = None
+        self._info: dict[str, Any] | None = None
 
     @property
     def api(self) -> Any:
@@ -84,6 +85,12 @@ class DockerProvider:
                 detail = f" at {os.environ.get('DOCKER_HOST', 'unix:///var/run/docker.sock')} ({_short(e)})"
                 raise DockerUnavailable(DOCKER_HELP.format(detail=detail)) from None
         return self._api
+
+    def info(self) -> dict[str, Any]:
+        """The engine's host facts (cores, memory); fetched once per provider."""
+        if self._info is None:
+            self._info = self.api.info()
+        return self._info
 
     def ping(self) -> None:
         try:

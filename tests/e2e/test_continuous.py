@@ -202,3 +202,17 @@ def test_freed_capacity_is_taken_up(hp, tmp_path, types):
     wait_until(lambda: groups(hp, y)["a"]["PendingCount"] == 2, 30, "y waits for capacity")
     hp("delete", x, check=True)
     wait_until(lambda: groups(hp, y)["a"]["CurrentCount"] == 2, 60, "y takes the freed capacity")
+
+
+def test_all_or_nothing_scale_rolls_back(hp, tmp_path, types):
+    ta, _ = types
+    name = hp.name("ar")
+    hp("create", "-f", str(write_spec(tmp_path / "s.json", small_spec(name, [("a", ta, 1)], login=False))), check=True)
+    hp("capacity", "set", ta, "2", check=True)
+    hp("scale", name, "a", "3", check=True)
+    wait_until(lambda: groups(hp, name)["a"]["TargetCount"] == 1 and not groups(hp, name)["a"]["ActiveOperations"],
+               60, "the scale-up rolled back to 1")
+    wait_until(lambda: len(group_containers(name, "a")) == 1 and groups(hp, name)["a"]["CurrentCount"] == 1, 60,
+               "one node left")
+    ev = [e for e in hp.json("events", name)["Events"] if e["ResourceType"] == "InstanceGroup" and e["EventLevel"] == "Error"]
+    assert ev and "rolling back to 1" in ev[-1]["Description"] and "InsufficientCapacity" in ev[-1]["Description"]
