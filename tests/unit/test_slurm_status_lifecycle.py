@@ -1,0 +1,99 @@
+"""Pure logic: Slurm JSON parsers (real 24.11 output), honest status, the node state machine."""
+from pathlib import Path
+
+import pytest
+
+from orchestrator.catalogue import load_catalogue
+from orchestrator.errors import OperationFailed
+from orchestrator.lifecycle import TRANSITIONS, Backoff, History, allowed, visible
+from orchestrator.provider import ContainerInfo
+from orchestrator.slurm import SlurmNode, parse_jobs, parse_nodes
+from orchestrator.spec import DEFAULT_SPEC, validate
+from orchestrator.status import group_views, instance_status, node_views
+
+FIX = Path(__file__).resolve().parent.parent / "fixtures"
+
+
+def test_parse_real_scontrol_nodes():
+    nodes = {n.name: n for n in parse_nodes((FIX / "scontrol-24.11-show-nodes.json").read_text())}
+    a2, a3 = nodes["a-2"], nodes["a-3"]
+    assert a2.drained and a2.reason == "maintenance by admin" and not a2.usable and a2.display == "idle+drain"
+    assert a3.base == "ALLOCATED" and not a3.usable and a3.display == "allocated"
+    assert "a" in a3.features and "a" in a3.partitions and "dev" in a3.partitions
+
+
+def test_parse_real_squeue():
+    jobs = parse_jobs((FIX / "squeue-24.11.json").read_text())
+    assert [(j.job_id, j.state, j.nodes) for j in jobs] == [(2, "RUNNING", "a-3")]
+
+
+def test_parse_errors():
+    with pytest.raises(OperationFailed):
+        parse_nodes("slurm_load_node error: Unable to contact slurm controller")
+    with pytest.raises(OperationFailed):
+        parse_nodes('{"nodes": [], "errors": [{"description": "boom"}]}')
+
+
+def ci(state="running", code=0, role="worker", node="cpu-a-1", group="cpu-a"):
+    return ContainerInfo(id="abcdef0123456789abcdef", name=f"hp-x-{node}", state=state, exit_code=code, started_at="",
+                         created="2026-01-01T00:00:00Z", image="img", ip="10.0.0.2",
+                         labels={"io.hp.role": role, "io.hp.node": node, "io.hp.group": group,
+                                 "io.hp.instance-type": "cpu.small"})
+
+
+IDLE = SlurmNode("cpu-a-1", ("IDLE", "DYNAMIC_NORM"))
+DOWN = SlurmNode("cpu-a-1", ("DOWN", "NOT_RESPONDING"), reason="Not responding")
+
+
+@pytest.mark.parametrize("role,container,snode,recorded,up,expect", [
+    ("worker", ci(), IDLE, None, True, "Running"),
+    ("worker", ci(), None, None, True, "Pending"),  # slurmd not registered yet
+    ("worker", ci(state="exited", code=137), None, None, True, "Failure"),
+    ("worker", ci(), DOWN, None, True, "Failure"),  # Slurm says so
+    ("worker", None, None, ("LaunchFailed", "InsufficientCapacity: ...", 0.0), True, "Pending"),
+    ("worker", None, None, None, True, "NotFound"),
+    ("worker", ci(), IDLE, ("DeepHealthCheckInProgress", "req", 0.0), True, "DeepHealthCheckInProgress"),
+    ("worker", ci(), IDLE, ("ShuttingDown", "scale-down", 0.0), True, "ShuttingDown"),
+    ("worker", ci(state="created"), None, None, True, "Pending"),
+    ("login", ci(role="login"), None, None, True, "Running"),
+])
+def test_instance_status(role, container, snode, recorded, up, expect):
+    assert instance_status(role, container, snode, recorded, up)[0] == expect
+
+
+def test_status_messages_are_honest():
+    st, msg = instance_status("worker", ci(state="exited", code=137), None, None, True)
+    assert "exited with code 137" in msg
+    st, msg = instance_status("worker", ci(), None, None, False)
+    assert st == "Running" and "controller unreachable" in msg
+
+
+def test_group_views_counts_and_status():
+    spec = validate(DEFAULT_SPEC, load_catalogue())
+    containers = {"cpu-a-1": ci(), "controller-1": ci(role="controller", node="controller-1", group="controller")}
+    recorded = {"cpu-a-2": ("LaunchFailed", "InsufficientCapacity: no", 0.0)}
+    views = node_views(spec, containers, {"cpu-a-1": IDLE}, recorded, True)
+    assert [(v.node, v.status) for v in views] == [("controller-1", "Running"), ("cpu-a-1", "Running"), ("cpu-a-2", "Pending")]
+    g = {x["InstanceGroupName"]: x for x in group_views(spec, views, {"cpu-a": ["Scale to 2"]})}
+    assert g["cpu-a"]["CurrentCount"] == 1 and g["cpu-a"]["PendingCount"] == 1 and g["cpu-a"]["TargetCount"] == 2
+    assert g["cpu-a"]["ActiveOperations"] == ["Scale to 2"] and g["cpu-a"]["Status"] == "Creating"
+    assert g["controller"]["Status"] == "InService"
+
+
+def test_transition_table():
+    assert allowed(None, "Queued") and allowed(None, "Launching")
+    assert not allowed(None, "Running")  # a node runs only after it was launched
+    assert allowed("Launching", "Running") and allowed("LaunchFailed", "Queued")
+    assert not allowed("Removed", "Running") and not allowed("Running", "Queued")
+    assert all(isinstance(why, str) and why for why in TRANSITIONS.values())
+    assert visible("LaunchFailed") == "Pending" and visible("Removed") == "NotFound"
+
+
+def test_history_derives_retries_and_backoff():
+    b = Backoff(initial=1, maximum=10)
+    assert [b.delay(i) for i in range(1, 7)] == [1, 2, 4, 8, 10, 10]
+    h = History([("Queued", "", 0.0), ("LaunchFailed", "x", 10.0), ("Queued", "", 11.0), ("LaunchFailed", "y", 12.0)])
+    assert h.failures_since_running() == 2
+    assert not h.retry_due(13.9, b) and h.retry_due(14.0, b) and h.next_retry(b) == 14.0
+    h2 = History(h.rows + [("Launching", "", 15.0), ("Running", "", 16.0), ("Rebooting", "", 20.0)])
+    assert h2.failures_since_running() == 0 and h2.retry_due(0, b)
