@@ -43,39 +43,32 @@ def register(app: typer.Typer) -> None:
     capacity_app = typer.Typer(help="Show and limit the capacity instance types draw from.", no_args_is_help=True)
     app.add_typer(capacity_app, name="capacity")
 
+    def _scale(name: str, group: str, count: int, add: bool, wait: bool, timeout: float, json_out: bool) -> None:
+        from .scaling import scale as do_scale
+
+        env = _env()
+        out = Out(json_out)
+        doc = do_scale(env, name, group, count, add=add)
+        if wait:
+            wait_groups(env, name, [group], timeout, out)
+        if json_out:
+            out.json(doc)
+        else:
+            out.info(f"{name}/{group}: target {doc['PreviousCount']} -> {doc['TargetCount']}")
+
     @app.command()
     def scale(name: str, group: str, count: int = typer.Argument(..., help="New target count."),
               wait: bool = typer.Option(False, "--wait/--no-wait", help="Wait until the group reaches its target."),
               timeout: float = typer.Option(600, "--timeout"), json_out: bool = JsonOpt) -> None:
         """Set an instance group's target count. Returns at once; the cluster's agent does the work."""
-        from .scaling import scale as do_scale
-
-        env = _env()
-        out = Out(json_out)
-        doc = do_scale(env, name, group, count)
-        if wait:
-            wait_groups(env, name, [group], timeout, out)
-        if json_out:
-            out.json(doc)
-        else:
-            out.info(f"{name}/{group}: target {doc['PreviousCount']} -> {doc['TargetCount']}")
+        _scale(name, group, count, False, wait, timeout, json_out)
 
     @app.command("add-nodes")
     def add_nodes(name: str, group: str, count: int = typer.Argument(..., help="Nodes to add."),
-                  wait: bool = typer.Option(False, "--wait/--no-wait"), timeout: float = typer.Option(600, "--timeout"),
-                  json_out: bool = JsonOpt) -> None:
+                  wait: bool = typer.Option(False, "--wait/--no-wait", help="Wait until the group reaches its target."),
+                  timeout: float = typer.Option(600, "--timeout"), json_out: bool = JsonOpt) -> None:
         """Add nodes to an instance group. Returns at once."""
-        from .scaling import scale as do_scale
-
-        env = _env()
-        out = Out(json_out)
-        doc = do_scale(env, name, group, count, add=True)
-        if wait:
-            wait_groups(env, name, [group], timeout, out)
-        if json_out:
-            out.json(doc)
-        else:
-            out.info(f"{name}/{group}: target {doc['PreviousCount']} -> {doc['TargetCount']}")
+        _scale(name, group, count, True, wait, timeout, json_out)
 
     @app.command("delete-nodes")
     def delete_nodes(name: str, nodes: List[str] = typer.Argument(..., help="Slurm node names or node ids."),
