@@ -143,6 +143,8 @@ def describe(name: str, json_out: bool = JsonOpt) -> None:
         out.json(doc)
     else:
         _print_groups(out, doc)
+        if agent:
+            print(f"agent: {'restarted' if agent['Restarted'] else 'alive'} (pid {agent['Pid']})")
 
 
 @app.command()
