@@ -122,6 +122,11 @@ class Slurm:
     def jobs(self) -> list[JobInfo]:
         return parse_jobs(self._run("squeue", "--json"))
 
+    def job(self, job_id: int) -> JobInfo | None:
+        """One job, also one that ended in the last MinJobAge seconds (squeue omits those)."""
+        res = self.p.exec(self.controller, ["scontrol", "show", "job", "--json", str(job_id)])
+        return next(iter(parse_jobs(res.output)), None) if res.exit_code == 0 else None
+
     def update(self, nodes: list[str], state: str, reason: str | None = None) -> None:
         if not nodes:
             return
