@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .cluster import Cluster, Env, Launcher
+from .cluster import ONSTART_REASON, Cluster, Env, Launcher
 from .errors import HpError, LaunchError, OperationFailed
 from .lifecycle import Backoff, History, allowed
 from .naming import L_GROUP, L_INDEX, L_NODE, container_name, node_name
@@ -201,6 +201,11 @@ class GroupReconciler:
     def _sync(self, g: InstanceGroup, n: str, ci: ContainerInfo, h: History,
               snodes: dict[str, SlurmNode] | None, now: float) -> float:
         phase = h.phase
+        sn = (snodes or {}).get(n)
+        if (phase == "Running" and g.OnStartDeepHealthChecks and self.onstart is not None and sn is not None
+                and sn.reason == ONSTART_REASON and not sn.not_responding):
+            self.onstart.add(n)  # came back (rebooted or replaced by recovery) drained for its on-start check
+            return RESYNC
         if phase not in (None, "Queued", "Launching", "LaunchFailed"):
             return RESYNC  # running, or under recovery / health check: not the reconciler's business
         if ci.state == "created":  # left by a crash between create and start
@@ -218,7 +223,6 @@ class GroupReconciler:
             return 0.5
         if phase != "Launching":
             self.rec.set(self.group, n, "Launching", "container running, waiting for slurmd")
-        sn = (snodes or {}).get(n)
         if g.node_type == "Login":
             if self.c.p.exec(ci.id, ["scontrol", "ping"]).exit_code == 0:
                 self._joined(g, n, ci)
@@ -327,11 +331,15 @@ class OnStartQueue:
     def __init__(self, env: Env, name: str, stop: threading.Event):
         self.env, self.name, self.stop = env, name, stop
         self._nodes: list[str] = []
+        self._pending: set[str] = set()  # queued or being checked: never twice
         self._cv = threading.Condition()
         threading.Thread(target=self._run, daemon=True, name="on-start-checks").start()
 
     def add(self, node: str) -> None:
         with self._cv:
+            if node in self._pending:
+                return
+            self._pending.add(node)
             self._nodes.append(node)
             self._cv.notify()
 
@@ -355,6 +363,9 @@ class OnStartQueue:
                 time.sleep(5)
                 with self._cv:
                     self._nodes = batch + self._nodes
+                continue
+            with self._cv:
+                self._pending -= set(batch)
 
 
 class Agent:

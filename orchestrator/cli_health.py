@@ -24,6 +24,8 @@ def register(app: typer.Typer) -> None:
         stress_seconds: int = typer.Option(3, "--stress-seconds", help="stress-ng run time per node."),
         vm_bytes: str = typer.Option("64M", "--vm-bytes", help="stress-ng memory stressor size."),
         dcgm_level: int = typer.Option(2, "--dcgm-level", help="dcgmi diag -r LEVEL on GPU nodes."),
+        recovery_wait: float = typer.Option(90, "--recovery-wait",
+                                            help="NodeRecovery Automatic: seconds a rebooted/replaced node has to come back."),
         wait: bool = typer.Option(False, "--wait", help="Block until the check is done."),
         timeout: float = typer.Option(1800, "--timeout", help="Seconds to wait with --wait."),
         json_out: bool = typer.Option(False, "--json", help="Machine-readable JSON on stdout."),
@@ -40,13 +42,15 @@ def register(app: typer.Typer) -> None:
             problems.append(f"--stress-seconds must be >= 1, got {stress_seconds}")
         if dcgm_level not in (1, 2, 3, 4):
             problems.append(f"--dcgm-level must be 1-4, got {dcgm_level}")
+        if recovery_wait <= 0:
+            problems.append(f"--recovery-wait must be > 0, got {recovery_wait:g}")
         if problems:
             raise BadInput(problems, "invalid health-check request")
         env = Env()
         out = Out(json_out)
         rid = service.start(env, name, group, node, check, {
             "wait_idle_timeout": wait_idle_timeout, "stress_seconds": stress_seconds, "vm_bytes": vm_bytes,
-            "dcgm_level": dcgm_level})
+            "dcgm_level": dcgm_level, "recovery_wait": recovery_wait})
         if not wait:
             if json_out:
                 out.json({"ClusterName": name, "RequestId": rid})

@@ -127,7 +127,8 @@ class Launcher:
         self.c = cluster
         self.images = images
 
-    def container_spec(self, group: InstanceGroup, index: int, gpus: list[str] | None = None) -> ContainerSpec:
+    def container_spec(self, group: InstanceGroup, index: int, gpus: list[str] | None = None,
+                       drain_reason: str | None = None) -> ContainerSpec:
         c = self.c
         role = ROLE_BY_NODE_TYPE[group.node_type]
         itype = c.env.catalogue[group.InstanceType]
@@ -136,9 +137,9 @@ class Launcher:
         vols = {shared_volume(c.name): "/home"}
         if role == "worker":
             env["HP_SLURMD_CONF"] = itype.slurmd_conf(group.InstanceGroupName.lower())
-            if group.OnStartDeepHealthChecks:
-                # the node registers drained, so it takes no job before its on-start check passes
-                env["HP_SLURMD_CONF"] += f" State=DRAIN Reason={ONSTART_REASON}"
+            if drain_reason or group.OnStartDeepHealthChecks:
+                # the node registers drained, so it takes no job before its (on-start) check passes
+                env["HP_SLURMD_CONF"] += f" State=DRAIN Reason={drain_reason or ONSTART_REASON}"
         if role == "controller":
             vols = {state_volume(c.name): "/var/spool/slurmctld"}
         lab = labels(c.name, role, group.InstanceGroupName, node, index, itype.name)
@@ -151,7 +152,8 @@ class Launcher:
         )
 
     def create_many(self, wanted: list[tuple[InstanceGroup, int]],
-                    files: dict[str, tuple[bytes, int, int]] | None = None) -> dict[str, str | LaunchError]:
+                    files: dict[str, tuple[bytes, int, int]] | None = None,
+                    drain_reason: str | None = None) -> dict[str, str | LaunchError]:
         """Reserve capacity for the wanted nodes and create (not start) their containers,
         in parallel. Returns node name -> container id, or the LaunchError that stopped it.
         Capacity is decided for the whole batch under one host-wide lock: created
@@ -174,15 +176,15 @@ class Launcher:
                                       used.gpus | set(gpus or []),
                                       {**used.per_type, itype.name: used.per_type.get(itype.name, 0) + 1})
                 todo.append((g, i, gpus))
-            results = parallel(lambda t: self._create_one(t[0], t[1], t[2], files), todo)
+            results = parallel(lambda t: self._create_one(t[0], t[1], t[2], files, drain_reason), todo)
         for (g, i, _), r in zip(todo, results):
             out[node_name(g.InstanceGroupName, i)] = r
         return out
 
     def _create_one(self, group: InstanceGroup, index: int, gpus: list[str] | None,
-                    files: dict[str, tuple[bytes, int, int]] | None) -> str | LaunchError:
+                    files: dict[str, tuple[bytes, int, int]] | None, drain_reason: str | None) -> str | LaunchError:
         c = self.c
-        spec = self.container_spec(group, index, gpus)
+        spec = self.container_spec(group, index, gpus, drain_reason)
         try:
             cid = c.p.create_container(spec)
             put = {"slurm.key": (c.key(), 0o600, SLURM_UID if group.node_type == "Controller" else 0)}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from .cluster import Cluster, Launcher, index_of, parallel, role_of
+from .cluster import ONSTART_REASON, Cluster, Launcher, index_of, parallel, role_of
 from .errors import BadInput, LaunchError, OperationFailed
 from .naming import L_GROUP, node_id
 from .provider import ContainerInfo
@@ -59,8 +59,10 @@ def target(cluster: Cluster, node: str) -> Target:
     return Target(node, ROLE_BY_NODE_TYPE[g.node_type], g.InstanceGroupName, int(idx), None)
 
 
-def reboot(cluster: Cluster, node: str, reason: str, wait: float = 60.0) -> bool:
-    """Restart the node's container; True when it is back idle (or usable) in Slurm."""
+def reboot(cluster: Cluster, node: str, reason: str, wait: float = 60.0, keep_drained: str | None = None) -> bool:
+    """Restart the node's container; True when it is back idle (or usable) in Slurm.
+    With `keep_drained` (a drain reason), the node comes back drained with it: it takes
+    no job until whoever asked (a health check) resumes it."""
     t = target(cluster, node)
     store, name = cluster.store, cluster.name
     if t.container is None:
@@ -70,12 +72,19 @@ def reboot(cluster: Cluster, node: str, reason: str, wait: float = 60.0) -> bool
     _event(cluster, t, "Info", f"is being rebooted: {reason}")
     t0 = time.monotonic()
     try:
-        _forget(cluster, t)
+        if keep_drained and t.role == "worker":
+            # keep the node's record, drained: a dynamic node's DRAIN survives a slurmd restart
+            try:
+                cluster.slurm.update([node], "drain", keep_drained)
+            except OperationFailed:
+                pass
+        else:
+            _forget(cluster, t)
         if t.container.state == "running":
             cluster.p.restart(t.container.id, timeout=2)
         else:
             cluster.p.start(t.container.id)
-        ok = wait_usable(cluster, t, t.container.id, t0 + wait)
+        ok = wait_usable(cluster, t, t.container.id, t0 + wait, keep_drained)
     except Exception as e:  # noqa: BLE001 - any engine/Slurm error: the reboot failed, replace may help
         ok, reason = False, f"{reason}; {str(e)[:200]}"
     if ok:
@@ -88,8 +97,9 @@ def reboot(cluster: Cluster, node: str, reason: str, wait: float = 60.0) -> bool
     return ok
 
 
-def replace(cluster: Cluster, node: str, reason: str, wait: float = 60.0) -> bool:
-    """Remove the node's container and launch a new one with the same Slurm name."""
+def replace(cluster: Cluster, node: str, reason: str, wait: float = 60.0, keep_drained: str | None = None) -> bool:
+    """Remove the node's container and launch a new one with the same Slurm name.
+    With `keep_drained`, the new node registers drained with that reason."""
     t = target(cluster, node)
     if t.role == "controller":
         raise BadInput(f"{node} is the controller of cluster {cluster.name!r}: it can be rebooted "
@@ -103,7 +113,7 @@ def replace(cluster: Cluster, node: str, reason: str, wait: float = 60.0) -> boo
         cluster.p.remove_container(t.container.id)
     _forget(cluster, t)
     launcher = Launcher(cluster, _images(cluster, t))
-    res = launcher.create_many([(group, t.index)])[node]
+    res = launcher.create_many([(group, t.index)], drain_reason=keep_drained)[node]
     err = res if isinstance(res, LaunchError) else launcher.start(res)
     if err is not None:
         store.node_status(name, node, "LaunchFailed", f"replacement could not be launched: {err}")
@@ -112,7 +122,7 @@ def replace(cluster: Cluster, node: str, reason: str, wait: float = 60.0) -> boo
     assert isinstance(res, str)
     new = Target(t.node, t.role, t.group, t.index, cluster.node_containers().get(node))
     try:
-        ok = wait_usable(cluster, new, res, t0 + wait)
+        ok = wait_usable(cluster, new, res, t0 + wait, keep_drained)
     except Exception:  # noqa: BLE001 - e.g. the new container was removed meanwhile
         ok = False
     if ok:
@@ -147,9 +157,11 @@ def reregister_lost(cluster: Cluster, wait: float = 60.0) -> list[str]:
     return lost
 
 
-def wait_usable(cluster: Cluster, t: Target, cid: str, deadline: float) -> bool:
-    """Wait until the node can be used: worker idle in Slurm, login/controller answering.
-    False at the deadline or as soon as its container exits."""
+def wait_usable(cluster: Cluster, t: Target, cid: str, deadline: float, keep_drained: str | None = None) -> bool:
+    """Wait until the node can be used: worker idle in Slurm (or registered drained with
+    hp's own reason: `keep_drained`, or a group's on-start check), login/controller
+    answering. False at the deadline or as soon as its container exits."""
+    ours = {r for r in (keep_drained, ONSTART_REASON) if r}
     checks = 0
     resumed_at = 0.0
     while time.monotonic() < deadline:
@@ -158,6 +170,8 @@ def wait_usable(cluster: Cluster, t: Target, cid: str, deadline: float) -> bool:
         if t.role == "worker":
             snode = _slurm_node(cluster, t.node)
             if snode is not None and snode.usable:
+                return True
+            if snode is not None and snode.drained and snode.reason in ours and not snode.not_responding:
                 return True
             # Slurm keeps a FAIL (admin's Action:*) or DOWN node so until told: resume it
             # once slurmd answers again (no NOT_RESPONDING), at most every 2 s.

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable
 
 from .. import recovery
 from ..catalogue import InstanceType
@@ -20,6 +19,7 @@ from .records import Records, Result, output_dir
 from .stress import StressOptions, run_stress
 
 POLL_S = 0.5
+SETTLE_S = 20.0  # how long a resumed node may take to answer Slurm's ping before hp hands it back anyway
 
 
 @dataclass
@@ -29,6 +29,7 @@ class Options:
     stress: StressOptions = field(default_factory=StressOptions)
     iperf_seconds: int = 1
     recovery_wait: float = 90.0
+    on_start: bool = False  # the agent's check of new nodes (may take nodes drained with ONSTART_REASON)
 
 
 @dataclass
@@ -64,7 +65,7 @@ class Engine:
         skipped: dict[str, str] = {}
         take = []
         for n in nodes:
-            cl = claim(sn.get(n), reason(self.rid, ""))
+            cl = claim(sn.get(n), self.opts.on_start)
             if cl.drain:
                 take.append(n)
             else:
@@ -83,15 +84,25 @@ class Engine:
         for n in sorted(waiting):
             skipped[n] = (f"still running jobs after {self.opts.wait_idle_timeout:g} s "
                           f"(Slurm state {sn[n].display if n in sn else 'unknown'}): not checked")
-            self.release(n)
+        self.release(sorted(waiting))
         return [n for n in take if n not in waiting], skipped
 
-    def release(self, node: str) -> None:
-        """Resume a node hp drained (only if the drain is still hp's) and say it runs."""
-        sn = self.snodes().get(node)
-        if sn is not None and sn.drained and is_ours(sn.reason, self.rid):
-            self.c.slurm.update([node], "resume")
-        self.c.store.node_status(self.c.name, node, "Running", "")
+    def release(self, nodes: list[str]) -> None:
+        """Resume the nodes hp drained (only those still drained for this request) and
+        say they run, once Slurm sees them answering: right after a resume Slurm may
+        flag a node not responding until its next ping, and the recovery watcher would
+        reboot a Running node it sees so. Until then the node stays ours."""
+        sn = self.snodes()
+        mine = [n for n in nodes if n in sn and sn[n].drained and is_ours(sn[n].reason, self.rid)]
+        self.c.slurm.update(mine, "resume")
+        deadline = time.monotonic() + SETTLE_S
+        while mine and time.monotonic() < deadline:
+            sn = self.snodes()
+            if not any(sn[n].not_responding for n in mine if n in sn):
+                break
+            time.sleep(POLL_S)
+        for n in nodes:
+            self.c.store.node_status(self.c.name, n, "Running", "")
 
     def keep_drained(self, node: str, why: str) -> None:
         self.c.slurm.update([node], "drain", why)
@@ -170,8 +181,10 @@ class Engine:
 
 
 def run_request(cluster: Cluster, rid: str, nodes: list[str], opts: Options,
-                on_skip: Callable[[str, str], None] | None = None) -> dict[str, str]:
-    """Check `nodes`; returns node -> final verdict (Passed, Failed, Skipped: why)."""
+                peers: list[str] = ()) -> dict[str, str]:
+    """Check `nodes`; returns node -> final verdict (Passed, Failed, Skipped: why).
+    `peers` (not drained, not judged) only join the connectivity check: a lone new
+    node needs someone to talk to."""
     eng = Engine(cluster, rid, opts)
     cont = cluster.node_containers()
     cat = cluster.env.catalogue
@@ -185,21 +198,43 @@ def run_request(cluster: Cluster, rid: str, nodes: list[str], opts: Options,
         verdicts[n] = f"Skipped: {why}"
     runs = [NodeRun(n, cont[n].labels.get(L_GROUP, ""), cat[cont[n].labels[L_ITYPE]]) for n in ready]
     if runs:
-        eng.check(runs)
+        eng.check(runs, [NodeRun(n, cont[n].labels.get(L_GROUP, ""), cat[cont[n].labels[L_ITYPE]])
+                         for n in peers if n in cont and n not in ready])
     failed = [r for r in runs if r.failed]
     passed = [r for r in runs if not r.failed]
     anchor = passed[:1] if failed and "InstanceConnectivity" in opts.checks else []
-    for r in passed:
-        if r not in anchor:
-            eng.release(r.node)
-            verdicts[r.node] = "Passed"
+    done = [r for r in passed if r not in anchor]
+    eng.release([r.node for r in done])
+    verdicts.update({r.node: "Passed" for r in done})
     if failed and cluster.spec.NodeRecovery == "Automatic":
         failed = recover(eng, failed, anchor, verdicts)
     for r in failed:
         verdicts[r.node] = _keep(eng, r)
-    for r in anchor:
-        eng.release(r.node)
-        verdicts[r.node] = "Passed"
+    eng.release([r.node for r in anchor])
+    verdicts.update({r.node: "Passed" for r in anchor})
+    return verdicts
+
+
+def run_and_record(cluster: Cluster, rid: str, nodes: list[str], opts: Options,
+                   peers: list[str] = ()) -> dict[str, str]:
+    """Run a recorded request to its end and record the outcome (Completed with the
+    verdicts, or Failed with why; its check containers are removed either way). The
+    detached worker and the agent's on-start checks both end here."""
+    rec = Records(cluster.store)
+    rec.set_state(rid, "Running")
+    try:
+        verdicts = run_request(cluster, rid, nodes, opts, peers)
+    except BaseException as e:  # record why, clean up, and let the caller see it
+        rec.set_state(rid, "Failed", f"{type(e).__name__}: {e}", ended=True)
+        sidecar.remove_all(cluster, rid)
+        raise
+    rec.set_verdicts(rid, verdicts)
+    bad = {n: v for n, v in verdicts.items() if not v.startswith("Passed")}
+    summary = f"{len(verdicts) - len(bad)} of {len(verdicts)} node(s) passed"
+    rec.set_state(rid, "Completed", summary, ended=True)
+    cluster.store.event(cluster.name, "Cluster", "Info" if not bad else "Warning",
+                        f"Deep health check {rid} completed: {summary}"
+                        + (": " + "; ".join(f"{n} {v}" for n, v in bad.items())[:400] if bad else ""))
     return verdicts
 
 
@@ -221,16 +256,13 @@ def recover(eng: Engine, failed: list[NodeRun], anchor: list[NodeRun], verdicts:
         def act(r: NodeRun) -> bool:
             check, why = next(iter(r.failed.items()))
             try:
-                ok = fn(c, r.node, f"deep health check {eng.rid} {check} failed: {why}", eng.opts.recovery_wait)
+                # the node comes back drained with the check's reason: it takes no job
+                # before it has passed the check again
+                ok = fn(c, r.node, f"deep health check {eng.rid} {check} failed: {why}", eng.opts.recovery_wait,
+                        keep_drained=eng.label())
             except (NotImplementedError, OperationFailed) as e:
                 r.failed = {check: f"{why}; {action} unavailable: {str(e)[:100]}"}
                 ok = False
-            # Recovery brings the node back idle: drain it again at once, so that it
-            # takes no job before it has passed the check again.
-            try:
-                c.slurm.update([r.node], "drain", eng.label())
-            except OperationFailed:
-                pass
             return ok
 
         back = [r for r, ok in zip(failed, parallel(act, failed)) if ok]
@@ -245,7 +277,7 @@ def recover(eng: Engine, failed: list[NodeRun], anchor: list[NodeRun], verdicts:
             if f.failed:
                 r.failed = f.failed
             else:
-                eng.release(r.node)
                 verdicts[r.node] = f"Passed after {action}"
+        eng.release([r.node for r in back if not any(f.node == r.node and f.failed for f in fresh)])
         failed = [r for r in failed if r.node not in verdicts]
     return failed

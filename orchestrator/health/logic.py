@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..catalogue import InstanceType
+from ..cluster import ONSTART_REASON
 from ..slurm import SlurmNode
 
 CHECKS = ("InstanceStress", "InstanceConnectivity")
@@ -134,9 +135,15 @@ class Claim:
     skip_reason: str = ""
 
 
-def claim(snode: SlurmNode | None, our_reason: str) -> Claim:
+def claim(snode: SlurmNode | None, on_start: bool = False) -> Claim:
+    """Whether a request may take the node. A node drained by hp (a check, or the
+    on-start drain it registers with) is hp's to check again; any other drain is
+    someone's. A node waiting for its on-start checks is left to them by on-demand
+    requests, so that it is not resumed after checks other than its group's."""
     if snode is None:
         return Claim(False, "not registered in Slurm")
+    if snode.drained and snode.reason == ONSTART_REASON and not on_start:
+        return Claim(False, "waiting for its on-start deep health checks (drained until they pass)")
     if snode.drained:
         if snode.reason.startswith(REASON_PREFIX):  # hp's own check (this or an earlier one): check again
             return Claim(True)

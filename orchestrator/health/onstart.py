@@ -1,37 +1,69 @@
 """On-start deep health checks: new nodes of a group with OnStartDeepHealthChecks are
-checked before they take jobs. The provisioning code calls check_new_nodes(cluster,
-nodes) once the new nodes are registered in Slurm; it runs the request in this
-process (so create/scale report the outcome) and drains the nodes first.
+checked before they take jobs.
 
-NOT YET DONE: making the nodes register drained. Until the provisioning code does that
-(see docs/health.md), a new node is idle between registering and the drain here."""
+The nodes register drained (the Launcher adds `State=DRAIN Reason=ONSTART_REASON` to
+their `slurmd -Z --conf`), so no job can land on them before the check. The cluster's
+agent (orchestrator/agent.py, OnStartQueue) calls check_new_nodes(cluster, nodes) on its
+own thread once they joined Slurm. Each group's nodes become one recorded request
+(options `on_start: true`, shown by `hp health-check status`), run in the calling
+process: the on-start drain counts as hp's own, so a node that passes is resumed; one
+that fails stays drained (or is recovered, NodeRecovery: Automatic); a node drained for
+any other reason meanwhile is left as it is.
+
+One request per cluster at a time: while another (e.g. an on-demand one) is active this
+raises ClusterBusy and checks nothing; the agent retries the batch a few seconds later.
+"""
 from __future__ import annotations
 
+import os
+
 from ..cluster import Cluster
-from .engine import Options, run_request
+from ..errors import OperationFailed
+from .engine import Options, run_and_record
 from .records import Records
 
 
-def check_new_nodes(cluster: Cluster, nodes: list[str]) -> None:
-    by_group: dict[str, list[str]] = {}
+class ClusterBusy(OperationFailed):
+    """Another health-check request is active on the cluster: try again later."""
+
+
+def plan(cluster: Cluster, nodes: list[str]) -> list[tuple[str, list[str], list[str], list[str]]]:
+    """(group, its on-start checks, its new nodes, connectivity peers) for each group
+    with on-start checks. InstanceConnectivity needs two nodes: a group's lone new node
+    is paired with one of the group's nodes in service (a peer, neither drained nor
+    judged)."""
+    out = []
+    usable = sorted(n.name for n in cluster.slurm.nodes() if n.usable)
     for g in cluster.spec.InstanceGroups:
-        if not g.OnStartDeepHealthChecks:
+        if not g.OnStartDeepHealthChecks or g.node_type != "Compute":
             continue
-        mine = [n for n in nodes if n.rsplit("-", 1)[0] == g.InstanceGroupName.lower()]
+        group = g.InstanceGroupName.lower()
+        mine = sorted(n for n in set(nodes) if n.rsplit("-", 1)[0] == group)
+        checks = list(g.OnStartDeepHealthChecks)
+        peers: list[str] = []
+        if len(mine) == 1 and "InstanceConnectivity" in checks:
+            # with none, the check fails saying it needs two nodes: the node stays drained, visibly
+            peers = [n for n in usable if n.rsplit("-", 1)[0] == group and n not in mine][:1]
         if mine:
-            by_group.setdefault("+".join(g.OnStartDeepHealthChecks), []).extend(mine)
-    if not by_group:
-        return
-    cluster.slurm.update([n for ns in by_group.values() for n in ns], "drain", "hp-health:on-start:pending")
+            out.append((g.InstanceGroupName, checks, mine, peers))
+    return out
+
+
+def check_new_nodes(cluster: Cluster, nodes: list[str], opts: Options | None = None) -> dict[str, str]:
+    """Check the new nodes; returns node -> verdict (Passed..., Failed: ..., Skipped: ...).
+    Raises ClusterBusy (nothing done) while another request is active."""
     rec = Records(cluster.store)
-    for checks, ns in by_group.items():
-        clist = checks.split("+")
-        if "InstanceConnectivity" in clist and len(ns) < 2:
-            clist = [c for c in clist if c != "InstanceConnectivity"]  # one new node: no peer under check
-        rid = rec.new_request(cluster.name, clist, [], ns, {"on_start": True})
+    verdicts: dict[str, str] = {}
+    for group, checks, ns, peers in plan(cluster, nodes):
+        rid = rec.new_request(cluster.name, checks, [group], ns, {"on_start": True})
         if rid is None:
-            raise RuntimeError(f"cluster {cluster.name} already has an active health check")
-        rec.set_state(rid, "Running")
-        verdicts = run_request(cluster, rid, ns, Options(checks=clist))
-        bad = {n: v for n, v in verdicts.items() if not v.startswith("Passed")}
-        rec.set_state(rid, "Completed", f"{len(verdicts) - len(bad)} of {len(verdicts)} node(s) passed", ended=True)
+            act = rec.active(cluster.name)
+            raise ClusterBusy(f"cluster {cluster.name} already has an active health check "
+                              f"{act.id if act else ''}; on-start checks of {', '.join(ns)} wait for it")
+        rec.set_pid(rid, os.getpid())  # if this process dies mid-check, status reports the request Failed
+        cluster.store.event(cluster.name, "Cluster", "Info", f"Deep health check {rid} (on start) of "
+                            f"{', '.join(ns)} in group {group}: {', '.join(checks)}", group)
+        o = Options(checks=checks, on_start=True) if opts is None else Options(**{**opts.__dict__, "checks": checks,
+                                                                                     "on_start": True})
+        verdicts.update(run_and_record(cluster, rid, ns, o, peers))
+    return verdicts

@@ -96,15 +96,22 @@ class Records:
         self.s.execute("UPDATE health_requests SET state=?, message=?, ended=? WHERE id=?",
                        (state, message, self.s.clock() if ended else None, rid))
 
+    def set_verdicts(self, rid: str, verdicts: dict[str, str]) -> None:
+        """Keep node -> final verdict with the request (shown by status as Verdicts)."""
+        r = self.request(rid)
+        opts = {**(r.options if r else {}), "verdicts": verdicts}
+        self.s.execute("UPDATE health_requests SET options=? WHERE id=?", (json.dumps(opts), rid))
+
     def set_pid(self, rid: str, pid: int) -> None:
         self.s.execute("UPDATE health_requests SET pid=? WHERE id=?", (pid, rid))
 
     def result(self, rid: str, cluster: str, r: Result) -> int:
-        self.s.execute("INSERT INTO health_results (request, cluster, node, grp, check_name, attempt, state, started, "
-                       "ended, reasons, figures, output) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-                       (rid, cluster, r.node, r.group, r.check, r.attempt, r.state, r.started, r.ended,
-                        json.dumps(r.reasons), json.dumps(r.figures), r.output))
-        return int(self.s.execute("SELECT MAX(id) FROM health_results WHERE request=?", (rid,))[0][0])
+        # RETURNING, not a later SELECT MAX(id): checks of several nodes insert concurrently
+        rows = self.s.execute("INSERT INTO health_results (request, cluster, node, grp, check_name, attempt, state, "
+                              "started, ended, reasons, figures, output) VALUES (?,?,?,?,?,?,?,?,?,?,?,?) RETURNING id",
+                              (rid, cluster, r.node, r.group, r.check, r.attempt, r.state, r.started, r.ended,
+                               json.dumps(r.reasons), json.dumps(r.figures), r.output))
+        return int(rows[0][0])
 
     def update(self, row_id: int, r: Result) -> None:
         self.s.execute("UPDATE health_results SET state=?, started=?, ended=?, reasons=?, figures=?, output=? WHERE id=?",

@@ -110,7 +110,7 @@ def status(env: Env, name: str, rid: str | None = None) -> dict[str, Any]:
     return {"ClusterName": name, "Request": {
         "Id": r.id, "State": r.state, "Checks": r.checks, "Groups": r.groups, "Nodes": r.nodes,
         "CreationTime": iso(r.created), "EndTime": iso(r.ended) if r.ended else None, "Message": r.message,
-        "Verdicts": r.options.get("verdicts", {}),
+        "Verdicts": r.options.get("verdicts", {}), "OnStart": bool(r.options.get("on_start")),
         "InstanceGroups": [{"InstanceGroupName": g["InstanceGroupName"],
                             "Nodes": [{"Node": n, "Checks": v} for n, v in sorted(g["Nodes"].items())]}
                            for g in groups.values()]}}

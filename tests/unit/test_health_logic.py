@@ -4,6 +4,7 @@ from __future__ import annotations
 import threading
 
 from orchestrator.catalogue import InstanceType
+from orchestrator.cluster import ONSTART_REASON
 from orchestrator.health.logic import (CpuBudget, NodeLimits, claim, grant_problems, idle_drained, implicated,
                                        is_ours, node_limits, reason, ring_pairs, thresholds, validate_checks)
 from orchestrator.health.stress import judge, split_output, stress_command, StressOptions
@@ -61,12 +62,22 @@ def node(state, reason=""):
 
 
 def test_claim_never_takes_a_foreign_drain():
-    assert claim(node(["IDLE"]), "hp-health:r1:").drain
-    assert claim(node(["MIXED"]), "hp-health:r1:").drain  # drained now, checked once idle
-    c = claim(node(["IDLE", "DRAIN"], "admin work"), "hp-health:r1:")
+    assert claim(node(["IDLE"])).drain
+    assert claim(node(["MIXED"])).drain  # drained now, checked once idle
+    c = claim(node(["IDLE", "DRAIN"], "admin work"))
     assert not c.drain and "admin work" in c.skip_reason
-    assert claim(node(["IDLE", "DRAIN"], "hp-health:r0:InstanceStress failed: x"), "hp-health:r1:").drain
-    assert not claim(None, "x").drain
+    assert not claim(node(["IDLE", "DRAIN"], "admin work"), on_start=True).drain
+    assert claim(node(["IDLE", "DRAIN"], "hp-health:r0:InstanceStress failed: x")).drain
+    assert not claim(None).drain
+
+
+def test_on_start_nodes_are_left_to_the_on_start_check():
+    pending = node(["IDLE", "DRAIN"], ONSTART_REASON)
+    c = claim(pending)
+    assert not c.drain and "on-start" in c.skip_reason
+    assert claim(pending, on_start=True).drain
+    # a node an earlier on-start check failed is hp's to check again, by either kind
+    assert claim(node(["IDLE", "DRAIN"], "hp-health:hc-1:InstanceStress failed: x"), on_start=True).drain
 
 
 def test_idle_drained_and_reasons():
@@ -108,3 +119,18 @@ def test_stress_output_split_and_judged_per_cpu_second():
     bad = judge(NANO, out(0), 0.05, [])  # exit 0, but the memory stressor did nothing
     assert not bad.passed and any("vm did no work" in r for r in bad.reasons)
     assert "--verify" in stress_command(StressOptions(), 0.05) and "--cpu 1 " in stress_command(StressOptions(), 0.05)
+
+
+def test_concurrent_results_get_their_own_rows(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from orchestrator.health.records import Records, Result
+    from orchestrator.state import Store
+
+    rec = Records(Store(tmp_path))
+    rows = list(ThreadPoolExecutor(8).map(
+        lambda i: rec.result("hc-1", "c", Result(f"cpu-{i}", "cpu", "InstanceStress", "initial", "Running")), range(16)))
+    assert len(set(rows)) == 16
+    for i, row in enumerate(rows):
+        rec.update(row, Result(f"cpu-{i}", "cpu", "InstanceStress", "initial", "Passed"))
+    assert {r.state for r in rec.results("hc-1")} == {"Passed"}
