@@ -196,7 +196,8 @@ def exec(
         s.write(data)
         s.flush()
 
-    raise typer.Exit(run_exec(env, target, cmd, root, write))
+    interactive = sys.stdin.isatty() and sys.stdout.isatty()  # a terminal: attach one (hp exec lab -- bash)
+    raise typer.Exit(run_exec(env, target, cmd, root, write, interactive))
 
 
 @app.command()

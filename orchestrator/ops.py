@@ -125,7 +125,8 @@ def exec_target(env: Env, name: str, node: str | None) -> str:
     return container_name(name, cluster.controller_host)
 
 
-def run_exec(env: Env, container: str, cmd: list[str], root: bool, write: Callable[[bytes, bool], None]) -> int:
+def run_exec(env: Env, container: str, cmd: list[str], root: bool, write: Callable[[bytes, bool], None],
+             interactive: bool = False) -> int:
     """Run cmd in the container as the default user (or root), stream its output, return its exit code."""
     user = "root" if root else DEFAULT_USER
     workdir = "/root" if root else f"/home/{DEFAULT_USER}"
@@ -133,6 +134,8 @@ def run_exec(env: Env, container: str, cmd: list[str], root: bool, write: Callab
     p = env.provider
     if not root:  # the shared home is created by the first node that boots; be sure it is there
         p.exec(container, ["sh", "-c", f"[ -d {workdir} ] || install -d -o 1000 -g 1000 {workdir}"])
+    if interactive:
+        return p.exec_interactive(container, cmd, user=user, workdir=workdir, environment=environment)
     stream, exec_id = p.exec_stream(container, cmd, user=user, workdir=workdir, environment=environment)
     for out, err in stream:
         if out:

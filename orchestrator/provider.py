@@ -244,6 +244,46 @@ class DockerProvider:
         ex = api.exec_create(container, cmd, user=user, workdir=workdir, environment=environment)
         return api.exec_start(ex["Id"], stream=True, demux=True), ex["Id"]
 
+    def exec_interactive(self, container: str, cmd: list[str], *, user: str = "root", workdir: str | None = None,
+                         environment: dict[str, str] | None = None) -> int:
+        """Run a command with a terminal attached (for `hp exec NAME -- bash` on a TTY)."""
+        import os
+        import select
+        import shutil
+        import sys
+        import termios
+        import tty
+
+        api = self.api
+        ex = api.exec_create(container, cmd, user=user, workdir=workdir, environment=environment, tty=True, stdin=True)
+        sock = api.exec_start(ex["Id"], socket=True, tty=True)
+        raw = getattr(sock, "_sock", sock)
+        size = shutil.get_terminal_size()
+        try:
+            api.exec_resize(ex["Id"], height=size.lines, width=size.columns)
+        except Exception:  # noqa: BLE001 - a terminal size is a nicety
+            pass
+        fd = sys.stdin.fileno()
+        saved = termios.tcgetattr(fd)
+        try:
+            tty.setraw(fd)
+            while True:
+                ready, _, _ = select.select([raw, fd], [], [])
+                if raw in ready:
+                    data = raw.recv(65536)
+                    if not data:
+                        break
+                    os.write(sys.stdout.fileno(), data)
+                if fd in ready:
+                    data = os.read(fd, 65536)
+                    if not data:
+                        raw.shutdown(1)
+                    else:
+                        raw.sendall(data)
+        finally:
+            termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+        return self.exec_exit_code(ex["Id"])
+
     def exec_exit_code(self, exec_id: str) -> int:
         code = self.api.exec_inspect(exec_id)["ExitCode"]
         return code if code is not None else -1
