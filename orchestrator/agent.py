@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import fcntl
 import logging
+from contextlib import contextmanager
 import os
 import signal
 import subprocess
@@ -24,12 +25,12 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
-from .cluster import ONSTART_REASON, Cluster, Env, Launcher
+from .cluster import NODE_ROLES, ONSTART_REASON, Cluster, Env, Launcher
 from .errors import HpError, LaunchError, OperationFailed
 from .lifecycle import Backoff, History, allowed
-from .naming import L_GROUP, L_INDEX, L_NODE, container_name, node_name
+from .naming import L_GROUP, L_INDEX, L_NODE, L_ROLE, container_name, node_name
 from .provider import ContainerInfo
 from .slurm import SlurmNode
 from .spec import InstanceGroup
@@ -46,6 +47,19 @@ def _paths(env: Env, name: str) -> tuple[Path, Path, Path]:
     d = env.store.home / "clusters" / name
     d.mkdir(parents=True, exist_ok=True, mode=0o700)
     return d / "agent.lock", d / "agent.pid", d / "agent.log"
+
+
+@contextmanager
+def creation_lock(env: Env, name: str) -> Iterator[None]:
+    """Held by `hp create` while it makes the cluster: an agent started meanwhile (by
+    `hp nodes` in another terminal) would see it as alive and not start."""
+    lock, _, _ = _paths(env, name)
+    with open(lock, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def agent_pid(env: Env, name: str) -> int | None:
@@ -151,7 +165,8 @@ class GroupReconciler:
         if g is None or g.node_type == "Controller":
             return RESYNC
         now = time.time()
-        mine = {c.labels[L_NODE]: c for c in self.c.p.containers(self.c.name, {L_GROUP: self.group}) if L_NODE in c.labels}
+        mine = {c.labels[L_NODE]: c for c in self.c.p.containers(self.c.name, {L_GROUP: self.group})
+                if L_NODE in c.labels and c.labels.get(L_ROLE) in NODE_ROLES}
         nxt = RESYNC
         # 1. passive sync: what became of launching nodes, and nodes being removed
         active: dict[str, ContainerInfo] = {}
@@ -170,7 +185,14 @@ class GroupReconciler:
         # 2. scale down: extra nodes, idle and broken ones first
         extra = len(active) - g.InstanceCount
         if extra > 0:
-            for n in self._pick_victims(active, snodes, extra):
+            # only nodes the reconciler owns: one under a health check or recovery is left
+            # to finish (the next pass picks again)
+            owned = {n: ci for n, ci in active.items()
+                     if self.rec.history(n).phase in (None, "Queued", "Launching", "LaunchFailed", "Running")}
+            victims = self._pick_victims(owned, snodes, min(extra, len(owned)))
+            if not victims:
+                return min(nxt, 2.0)
+            for n in victims:
                 self.rec.set(self.group, n, "ShuttingDown", "scale-down", event=f"Instance {n} in cluster {self.c.name} "
                              f"and instance group {self.group} is being removed (scale-down to {g.InstanceCount})")
             return 0.1
@@ -185,6 +207,9 @@ class GroupReconciler:
         free = [i for i in range(1, g.InstanceCount + len(mine) + 2) if i not in used]
         wanted = free[:max(missing, 0)]
         self._forget_unneeded(g, set(mine), {node_name(self.group, i) for i in wanted})
+        for n, (phase, _, _) in self.c.store.latest_node_status(self.c.name).items():
+            if phase == "ShuttingDown" and n not in mine and n.rsplit("-", 1)[0] == self.group.lower():
+                self.rec.set(self.group, n, "Removed", "its container is gone")  # e.g. a crash after removing it
         due = []
         for i in wanted:
             n = node_name(self.group, i)
@@ -266,7 +291,7 @@ class GroupReconciler:
         for i in indices:
             n = node_name(self.group, i)
             h = self.rec.history(n)
-            if h.phase in (None, "Removed", "LaunchFailed"):
+            if h.phase in (None, "Removed", "LaunchFailed", "Running"):
                 self.rec.set(self.group, n, "Queued", "waiting for capacity")
         res = self.launcher.create_many([(g, i) for i in indices])
         for n, r in res.items():
@@ -344,7 +369,7 @@ class OnStartQueue:
             self._cv.notify()
 
     def _run(self) -> None:
-        from .health.onstart import check_new_nodes
+        from .health.onstart import ClusterBusy, check_new_nodes
 
         while not self.stop.is_set():
             with self._cv:
@@ -358,12 +383,15 @@ class OnStartQueue:
                 continue
             try:
                 check_new_nodes(Cluster(self.env, self.name), batch)
-            except Exception:  # noqa: BLE001 - e.g. an on-demand check is running: try again soon
-                log.exception("on-start checks of %s", batch)
+            except ClusterBusy:  # an on-demand check is running: try again soon
                 time.sleep(5)
                 with self._cv:
                     self._nodes = batch + self._nodes
                 continue
+            except Exception as e:  # noqa: BLE001 - the request failed and handed the nodes back, drained
+                log.exception("on-start checks of %s", batch)
+                self.env.store.event(self.name, "Cluster", "Error", f"On-start deep health checks of {', '.join(batch)} "
+                                     f"could not run: {e}; the nodes stay drained (hp health-check start to retry)")
             with self._cv:
                 self._pending -= set(batch)
 
@@ -457,7 +485,7 @@ class Agent:
     def _slurm_nodes(self, cluster: Cluster) -> dict[str, SlurmNode] | None:
         try:
             return {n.name: n for n in cluster.slurm.nodes()}
-        except HpError:
+        except Exception:  # noqa: BLE001 - controller down or restarting: unknown for now
             return None
 
     def _end_operations(self, cluster: Cluster) -> None:

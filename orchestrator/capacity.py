@@ -59,7 +59,11 @@ def usage(containers: list[ContainerInfo], catalogue: dict[str, InstanceType]) -
     cpus, mem, per = 0.0, 0, {}
     gpus: set[str] = set()
     for c in containers:
-        if c.labels.get(L_ROLE) not in ("controller", "login", "worker") or c.state in ("exited", "dead"):
+        if c.labels.get(L_ROLE) not in ("controller", "login", "worker"):
+            continue
+        # an exited node's GPUs stay its own: recovery restarts it in place
+        gpus |= {g for g in c.labels.get("io.hp.gpus", "").split(",") if g}
+        if c.state in ("exited", "dead"):
             continue
         t = catalogue.get(c.labels.get(L_ITYPE, ""))
         if t is None:
@@ -67,7 +71,6 @@ def usage(containers: list[ContainerInfo], catalogue: dict[str, InstanceType]) -
         cpus += t.cpu_limit
         mem += t.memory_mib
         per[t.name] = per.get(t.name, 0) + 1
-        gpus |= {g for g in c.labels.get("io.hp.gpus", "").split(",") if g}
     return Usage(cpus, mem, gpus, per)
 
 

@@ -283,6 +283,9 @@ def main() -> None:
         sys.exit(130)
     except Exception as e:  # usage errors of the command-line parser (click, vendored by typer)
         kind = type(e).__name__
+        if type(e).__module__.startswith(("docker.", "requests.", "urllib3.")):  # the engine refused: say so
+            out.error(f"Docker: {str(e).splitlines()[0][:500] if str(e) else kind}")
+            sys.exit(1)
         if hasattr(e, "show") and hasattr(e, "exit_code"):
             e.show()
             sys.exit(2 if kind in ("UsageError", "BadParameter", "NoSuchOption", "MissingParameter",

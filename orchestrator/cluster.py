@@ -26,6 +26,7 @@ R = TypeVar("R")
 SLURM_UID = 64030  # Debian's fixed uid for the slurm user
 DEFAULT_USER = "hpuser"
 ONSTART_REASON = "hp-health:on-start:pending"
+NODE_ROLES = ("controller", "login", "worker")  # not "check": health-check containers carry a node's labels too
 
 
 @dataclass
@@ -108,7 +109,8 @@ class Cluster:
 
     def node_containers(self) -> dict[str, ContainerInfo]:
         """Slurm node name -> its container (controller, login and workers)."""
-        return {c.labels[L_NODE]: c for c in self.containers() if L_NODE in c.labels}
+        return {c.labels[L_NODE]: c for c in self.containers()
+                if L_NODE in c.labels and c.labels.get(L_ROLE) in NODE_ROLES}
 
     def group_of(self, name: str) -> InstanceGroup:
         g = self.spec.group(name)

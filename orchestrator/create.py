@@ -64,17 +64,27 @@ def create(env: Env, spec: ClusterSpec, opts: CreateOptions, progress: Progress 
     env.provider.ping()
     check_name_free(env, name)
     progress.stage("images", "checking node images")
-    images = env.images.build(log=lambda s: progress.stage("images", s), defs=_node_image_defs())
+    images = env.images.build(log=lambda s: progress.stage("images", s), defs=_image_defs(spec))
     if not env.store.add_cluster(name, spec.model_dump(exclude_none=True), "Creating"):
         raise BadInput(f"a cluster named {name!r} already exists", "name in use")
     cluster = Cluster(env, name, spec)
+    from .agent import creation_lock
+
+    with creation_lock(env, name):  # no agent may act on the cluster while it is being made
+        _create_and_record(env, cluster, images, opts, progress)
+    from .agent import ensure_agent
+
+    ensure_agent(env, name)  # provisioning retries and node recovery go on in the background
+    return cluster
+
+
+def _create_and_record(env: Env, cluster: Cluster, images: dict[str, str], opts: CreateOptions,
+                       progress: Progress) -> Cluster:
+    name, spec = cluster.name, cluster.spec
     env.store.event(name, "Cluster", "Info", f"Cluster {name} creation started "
                     f"({'continuous' if spec.continuous else 'all-or-nothing'} provisioning)")
     try:
         _create(cluster, images, opts, progress)
-        from .agent import ensure_agent
-
-        ensure_agent(env, name)  # provisioning retries and node recovery go on in the background
     except BaseException as e:
         msg = str(e) if isinstance(e, HpError) else f"{type(e).__name__}: {e}"
         if isinstance(e, KeyboardInterrupt):
@@ -93,10 +103,11 @@ def create(env: Env, spec: ClusterSpec, opts: CreateOptions, progress: Progress 
     return cluster
 
 
-def _node_image_defs():
-    from .images import NODE_IMAGES
+def _image_defs(spec: ClusterSpec) -> tuple:
+    """The node images, and the check images when a group checks new nodes on start."""
+    from .images import CHECK_IMAGES, NODE_IMAGES
 
-    return NODE_IMAGES
+    return NODE_IMAGES + (CHECK_IMAGES if any(g.OnStartDeepHealthChecks for g in spec.InstanceGroups) else ())
 
 
 def _create(cluster: Cluster, images: dict[str, str], opts: CreateOptions, progress: Progress) -> None:

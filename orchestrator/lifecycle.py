@@ -40,6 +40,8 @@ TRANSITIONS: dict[tuple[str, str], str] = {
     ("Running", "Replacing"): "a reboot did not help, or an admin asked",
     ("Running", "ShuttingDown"): "scaled down or deleted by name",
     ("Running", "LaunchFailed"): "its container vanished and recovery is off: relaunched by the reconciler",
+    ("Running", "Queued"): "its container vanished and recovery is off: the reconciler launches it again",
+    ("Running", "Launching"): "its container was recreated by someone else (e.g. docker start): waiting for slurmd",
     ("DeepHealthCheckInProgress", "Running"): "passed: resumed",
     ("DeepHealthCheckInProgress", "Rebooting"): "failed with NodeRecovery Automatic",
     ("DeepHealthCheckInProgress", "Replacing"): "failed again after a reboot",

@@ -89,6 +89,7 @@ def delete(env: Env, name: str) -> dict[str, int]:
         env.store.set_status(name, "Deleting")
         env.store.event(name, "Cluster", "Info", f"Cluster {name} deletion started")
         stop_agent(env, name)  # nothing may launch a node while the cluster goes
+        _stop_health_check(env, name)
         cluster = Cluster(env, name)
         ctl = next((c for c in existing if c.labels.get(L_ROLE) == "controller" and c.state == "running"), None)
         workers = [c.labels.get("io.hp.node", "") for c in existing if c.labels.get(L_ROLE) == "worker"]
@@ -107,6 +108,24 @@ def delete(env: Env, name: str) -> dict[str, int]:
     return removed
 
 
+def _stop_health_check(env: Env, name: str) -> None:
+    """A deep health check's worker could recover (re-create) nodes during teardown:
+    stop it first. Its check containers go with the cluster's containers."""
+    import os
+    import signal
+
+    from .health.records import Records
+
+    rec = Records(env.store)
+    act = rec.active(name)
+    if act is not None and act.pid and not act.options.get("on_start"):
+        try:
+            os.killpg(act.pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+    rec.forget(name)
+
+
 def exec_target(env: Env, name: str, node: str | None) -> str:
     """Container to run a command in: the named node, else a login node, else the controller."""
     if env.store.cluster(name) is None:
@@ -117,6 +136,9 @@ def exec_target(env: Env, name: str, node: str | None) -> str:
         c = containers.get(node) or next((c for c in containers.values() if c.name == node or c.id.startswith(node)), None)
         if c is None:
             raise BadInput(f"cluster {name!r} has no node {node!r} (nodes: {', '.join(sorted(containers))})")
+        if c.state != "running":
+            raise OperationFailed(f"node {node} of cluster {name!r} is not running (container {c.state}, "
+                                  f"exit code {c.exit_code}); see 'hp nodes {name}'")
         return c.name
     login = sorted((c for c in containers.values() if c.labels.get(L_ROLE) == "login" and c.state == "running"),
                    key=lambda c: c.name)

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from .errors import DockerUnavailable, LaunchError, NotFound
+from .errors import DockerUnavailable, LaunchError, NotFound, OperationFailed
 from .naming import L_CLUSTER, L_MANAGED
 
 DOCKER_HELP = (
@@ -223,9 +223,14 @@ class DockerProvider:
     def exec(self, container: str, cmd: list[str], *, user: str = "root", workdir: str | None = None,
              environment: dict[str, str] | None = None, stdin: bytes | None = None) -> ExecResult:
         """Run a command in a container and collect its output (stdout and stderr merged)."""
+        from docker.errors import APIError
+
         api = self.api
-        ex = api.exec_create(container, cmd, user=user, workdir=workdir, environment=environment,
-                             stdin=stdin is not None)
+        try:
+            ex = api.exec_create(container, cmd, user=user, workdir=workdir, environment=environment,
+                                 stdin=stdin is not None)
+        except APIError as e:  # e.g. 409: the container is not running
+            raise OperationFailed(f"cannot run {cmd[0]} in {container}: {e.explanation or e}") from None
         if stdin is None:
             out = api.exec_start(ex["Id"])
         else:

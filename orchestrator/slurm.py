@@ -114,7 +114,10 @@ class Slurm:
         return res.output
 
     def ping(self) -> bool:
-        return self.p.exec(self.controller, ["scontrol", "ping"]).exit_code == 0
+        try:
+            return self.p.exec(self.controller, ["scontrol", "ping"]).exit_code == 0
+        except OperationFailed:  # the controller's container is not running
+            return False
 
     def nodes(self) -> list[SlurmNode]:
         return parse_nodes(self._run("scontrol", "show", "nodes", "--json"))

@@ -66,6 +66,10 @@ def instance_status(role: str, container: ContainerInfo | None, snode: SlurmNode
         return "Pending", rec_msg or "waiting for slurmd to register"
     if snode.not_responding:
         return "Failure", f"Slurm reports {snode.display}" + (f": {snode.reason}" if snode.reason else "")
+    if snode.drained and snode.reason.startswith("hp-health:on-start:pending"):
+        return "DeepHealthCheckInProgress", "waiting for its on-start deep health checks"
+    if snode.drained and snode.reason.startswith("hp-health:") and " failed" in snode.reason:
+        return "Failure", snode.reason  # kept drained after failing a deep health check
     return "Running", snode.reason if snode.drained else ""
 
 

@@ -108,7 +108,8 @@ def slurm_condition(n: SlurmNode | None) -> str:
 
 
 # Reasons Slurm itself sets on a node that stops answering or comes back unasked.
-SLURM_OWN_REASONS = ("Not responding", "Node unexpectedly rebooted")
+SLURM_OWN_REASONS = ("Not responding", "Node unexpectedly rebooted",
+                     "hp-health:")  # hp's own drains (health checks, on-start): not an admin's hold
 
 
 @dataclass(frozen=True)

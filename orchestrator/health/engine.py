@@ -224,9 +224,10 @@ def run_and_record(cluster: Cluster, rid: str, nodes: list[str], opts: Options,
     rec.set_state(rid, "Running")
     try:
         verdicts = run_request(cluster, rid, nodes, opts, peers)
-    except BaseException as e:  # record why, clean up, and let the caller see it
+    except BaseException as e:  # record why, clean up, hand the nodes back, and let the caller see it
         rec.set_state(rid, "Failed", f"{type(e).__name__}: {e}", ended=True)
         sidecar.remove_all(cluster, rid)
+        hand_back(cluster, rid, nodes, opts.on_start)
         raise
     rec.set_verdicts(rid, verdicts)
     bad = {n: v for n, v in verdicts.items() if not v.startswith("Passed")}
@@ -236,6 +237,25 @@ def run_and_record(cluster: Cluster, rid: str, nodes: list[str], opts: Options,
                         f"Deep health check {rid} completed: {summary}"
                         + (": " + "; ".join(f"{n} {v}" for n, v in bad.items())[:400] if bad else ""))
     return verdicts
+
+
+def hand_back(cluster: Cluster, rid: str, nodes: list[str], on_start: bool) -> None:
+    """After a request failed (not its checks: the request itself), give back the nodes
+    it still holds: on-demand ones are resumed; on-start ones are drained again with
+    the on-start reason, still unchecked, so that they take no job."""
+    from ..cluster import ONSTART_REASON
+
+    try:
+        held = [n.name for n in cluster.slurm.nodes() if n.name in nodes and n.drained and is_ours(n.reason, rid)]
+        if on_start:
+            cluster.slurm.update(held, "drain", ONSTART_REASON)
+        else:
+            cluster.slurm.update(held, "resume")
+    except Exception:  # noqa: BLE001 - controller down: the nodes stay drained, which is safe
+        held = []
+    for n in nodes:
+        cluster.store.node_status(cluster.name, n, "Running", "" if n in held and not on_start else
+                                  "on-start health check did not run" if on_start else "")
 
 
 def _keep(eng: Engine, r: NodeRun) -> str:

@@ -55,6 +55,10 @@ def check_new_nodes(cluster: Cluster, nodes: list[str], opts: Options | None = N
     rec = Records(cluster.store)
     verdicts: dict[str, str] = {}
     for group, checks, ns, peers in plan(cluster, nodes):
+        from .service import reap_dead
+
+        if (act := rec.active(cluster.name)) is not None:
+            reap_dead(rec, act)
         rid = rec.new_request(cluster.name, checks, [group], ns, {"on_start": True})
         if rid is None:
             act = rec.active(cluster.name)

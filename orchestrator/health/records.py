@@ -79,6 +79,11 @@ class Records:
              self.s.clock(), cluster, *ACTIVE))
         return rid if self.request(rid) else None
 
+    def forget(self, cluster: str) -> None:
+        """A deleted cluster's requests and results go with it."""
+        self.s.execute("DELETE FROM health_results WHERE cluster=?", (cluster,))
+        self.s.execute("DELETE FROM health_requests WHERE cluster=?", (cluster,))
+
     def request(self, rid: str) -> Request | None:
         rows = self.s.execute("SELECT id, cluster, state, checks, groups_, nodes, options, pid, created, ended, message "
                               "FROM health_requests WHERE id=?", (rid,))

@@ -45,6 +45,8 @@ def start(env: Env, name: str, groups: list[str], nodes: list[str], checks: list
     checks = list(dict.fromkeys(checks or CHECKS))
     chosen, gs = plan(cluster, groups, nodes, checks)
     rec = Records(env.store)
+    if (act := rec.active(name)) is not None:
+        reap_dead(rec, act)  # its worker died: it no longer blocks this one
     rid = rec.new_request(name, checks, gs, chosen, options)
     if rid is None:
         act = rec.active(name)
@@ -135,6 +137,9 @@ def cancel(env: Env, name: str) -> str:
     r = rec.active(name)
     if r is None:
         raise NotFound(f"cluster {name!r} has no active health check")
+    if r.options.get("on_start"):
+        raise BadInput(f"{r.id} checks new nodes of cluster {name!r} before they take jobs (on-start checks, run by "
+                       "the cluster's agent): it cannot be cancelled; it ends by itself", "cannot cancel")
     if r.pid and alive(r.pid):
         try:
             os.killpg(r.pid, signal.SIGTERM)

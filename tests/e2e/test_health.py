@@ -48,9 +48,17 @@ def test_healthy_group_passes_and_other_group_runs_undisturbed(hp, tmp_path):
     name = create(hp, tmp_path, [("cpu", "cpu.nano", 3), ("other", "cpu.nano", 1)])
     job = hp("exec", name, "--", "sbatch", "--parsable", "-p", "other", "--wrap", "sleep 6; echo done-other",
              check=True).stdout.strip()
-    req = check(hp, name, "--group", "cpu")
+    hp("health-check", "start", name, "--group", "cpu", *STRESS, check=True)
+    # while the check runs, hp nodes shows the checked nodes isolated, and only those
+    during = wait_until(lambda: (ns := slurm_nodes(hp, name)) if all(
+        ns[n]["InstanceStatus"]["Status"] == "DeepHealthCheckInProgress" for n in ("cpu-1", "cpu-2", "cpu-3")) else None, 60)
+    assert during["other-1"]["InstanceStatus"]["Status"] == "Running"
+    assert all("drain" in during[n]["SlurmState"] and during[n]["SlurmReason"].startswith("hp-health:")
+               for n in ("cpu-1", "cpu-2", "cpu-3")), during
+    req = wait_until(lambda: ended(hp.json("health-check", "status", name).get("Request")), 300)
     assert req["State"] == "Completed"
     assert req["Verdicts"] == {"cpu-1": "Passed", "cpu-2": "Passed", "cpu-3": "Passed"}, req
+    assert all(n["InstanceStatus"]["Status"] == "Running" for n in slurm_nodes(hp, name).values())
     res = results(req)
     for n in ("cpu-1", "cpu-2", "cpu-3"):
         states = {c["Check"]: c for c in res[n]}
@@ -87,6 +95,7 @@ def assert_kept_drained(hp, name, req, failed: dict[str, str]) -> None:
         assert req["Verdicts"][n].startswith("Failed"), req["Verdicts"]
         assert "drain" in nodes[n]["SlurmState"], nodes[n]
         assert nodes[n]["SlurmReason"].startswith(f"hp-health:{req['Id']}:{check_name} failed:"), nodes[n]
+        assert nodes[n]["InstanceStatus"]["Status"] == "Failure", nodes[n]
 
 
 def assert_replaced_and_healthy(hp, name, req, nodes_: list[str], rebooted: bool) -> None:

@@ -84,7 +84,7 @@ def test_transition_table():
     assert allowed(None, "Queued") and allowed(None, "Launching")
     assert not allowed(None, "Running")  # a node runs only after it was launched
     assert allowed("Launching", "Running") and allowed("LaunchFailed", "Queued")
-    assert not allowed("Removed", "Running") and not allowed("Running", "Queued")
+    assert not allowed("Removed", "Running") and not allowed("ShuttingDown", "Running")
     assert all(isinstance(why, str) and why for why in TRANSITIONS.values())
     assert visible("LaunchFailed") == "Pending" and visible("Removed") == "NotFound"
 
