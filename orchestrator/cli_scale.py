@@ -46,6 +46,8 @@ def register(app: typer.Typer) -> None:
     def _scale(name: str, group: str, count: int, add: bool, wait: bool, timeout: float, json_out: bool) -> None:
         from .scaling import scale as do_scale
 
+        if wait and timeout <= 0:
+            raise BadInput(f"--timeout must be positive, got {timeout:g}")
         env = _env()
         out = Out(json_out)
         doc = do_scale(env, name, group, count, add=add)

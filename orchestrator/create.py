@@ -97,6 +97,7 @@ def _create_and_record(env: Env, cluster: Cluster, images: dict[str, str], opts:
             env.store.event(name, "Cluster", "Error", f"Cluster {name} creation failed, rolling back: {msg}")
             progress.stage("rollback", "removing what was created")
             teardown.remove_resources(env.provider, name)
+            cluster.key_path.unlink(missing_ok=True)  # nothing uses it any more
             env.store.set_status(name, "Failed", msg)
             env.store.event(name, "Cluster", "Info", f"Cluster {name} rolled back: no container, network or volume is left")
         raise
