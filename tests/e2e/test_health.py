@@ -50,8 +50,12 @@ def test_healthy_group_passes_and_other_group_runs_undisturbed(hp, tmp_path):
              check=True).stdout.strip()
     hp("health-check", "start", name, "--group", "cpu", *STRESS, check=True)
     # while the check runs, hp nodes shows the checked nodes isolated, and only those
-    during = wait_until(lambda: (ns := slurm_nodes(hp, name)) if all(
-        ns[n]["InstanceStatus"]["Status"] == "DeepHealthCheckInProgress" for n in ("cpu-1", "cpu-2", "cpu-3")) else None, 60)
+    def isolated():
+        ns = slurm_nodes(hp, name)
+        return ns if all(ns[n]["InstanceStatus"]["Status"] == "DeepHealthCheckInProgress"
+                         for n in ("cpu-1", "cpu-2", "cpu-3")) else None
+
+    during = wait_until(isolated, 60, step=0.2)
     assert during["other-1"]["InstanceStatus"]["Status"] == "Running"
     assert all("drain" in during[n]["SlurmState"] and during[n]["SlurmReason"].startswith("hp-health:")
                for n in ("cpu-1", "cpu-2", "cpu-3")), during
