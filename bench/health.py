@@ -52,6 +52,29 @@ def plain_floor(n: int) -> float:
     return time.monotonic() - t0
 
 
+def kill_to_idle(name: str, node: str = "w-1", timeout: float = 60) -> float:
+    """Seconds from `docker kill` of a worker to that node idle in Slurm again, with no
+    command: the cluster's agent sees Docker's die event and reboots (or replaces) it."""
+    from orchestrator.errors import HpError
+    from orchestrator.slurm import Slurm
+
+    p = DockerProvider()
+    cname = f"hp-{name}-{node}"
+    before = p.inspect(cname)["State"]["StartedAt"]
+    slurm = Slurm(p, f"hp-{name}-controller-1")
+    t0 = time.monotonic()
+    p.kill(cname)
+    while time.monotonic() - t0 < timeout:
+        try:
+            again = p.inspect(cname)["State"]["StartedAt"] != before
+            if again and any(n.name == node and n.usable for n in slurm.nodes()):
+                return time.monotonic() - t0
+        except HpError:
+            pass  # replaced: a moment with no container of that name
+        time.sleep(0.05)
+    raise SystemExit(f"{node} of {name} did not come back within {timeout:g} s")
+
+
 def timed_check(env: dict[str, str], name: str, n: int) -> tuple[float, dict]:
     nodes = [a for i in range(1, n + 1) for a in ("--node", f"w-{i}")]
     t0 = time.monotonic()
@@ -106,6 +129,8 @@ def main() -> None:
                   f"on {cores} cores: {least:.1f} s; overhead {eight / least:.2f} (request), "
                   f"{stress_spans(d8) / least:.2f} (checks); over plain docker: {eight / plain8:.2f} (request), "
                   f"{stress_spans(d8) / plain8:.2f} (checks); target <= 1.2")
+            time.sleep(2)
+            print(f"docker kill of a worker -> idle in Slurm again: {kill_to_idle(name):.2f} s (target <= 10 s)")
         finally:
             hp(env, "delete", name, check=False)
 
