@@ -67,6 +67,7 @@ def delete_nodes(env: Env, name: str, nodes: list[str]) -> dict[str, Any]:
     from .naming import node_id
 
     by_id.update({node_id(ci.id): n for n, ci in existing.items()})
+    latest = env.store.latest_node_status(name)
     problems, chosen = [], {}
     for n in nodes:
         real = n if n in existing else by_id.get(n)
@@ -76,6 +77,13 @@ def delete_nodes(env: Env, name: str, nodes: list[str]) -> dict[str, Any]:
         role = existing[real].labels.get("io.hp.role")
         if role == "controller":
             problems.append(f"{real} is the controller: it cannot be deleted")
+            continue
+        phase = latest.get(real, ("", "", 0.0))[0]
+        if phase in ("ShuttingDown", "Removed"):
+            problems.append(f"{real} is already being removed")
+            continue
+        if phase in ("DeepHealthCheckInProgress", "Rebooting", "Replacing"):
+            problems.append(f"{real} is {phase} (a health check or recovery owns it now); try again when it is Running")
             continue
         chosen[real] = existing[real].labels[L_GROUP]
     if problems:
