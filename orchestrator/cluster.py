@@ -214,10 +214,6 @@ def parallel(fn: Callable[[T], R], items: Sequence[T], workers: int = 32) -> lis
         return list(ex.map(fn, items))
 
 
-def group_nodes(containers: dict[str, ContainerInfo], group: str) -> dict[str, ContainerInfo]:
-    return {n: c for n, c in containers.items() if c.labels.get(L_GROUP) == group}
-
-
 def index_of(c: ContainerInfo) -> int:
     return int(c.labels.get(L_INDEX, "0"))
 

@@ -119,12 +119,6 @@ class DockerProvider:
     def volumes(self, cluster: str | None = None) -> list[dict[str, Any]]:
         return self.api.volumes(filters={"label": _label_filter(cluster)}).get("Volumes") or []
 
-    def disconnect(self, network: str, container: str) -> None:
-        self.api.disconnect_container_from_network(container, network, force=True)
-
-    def connect(self, network: str, container: str, aliases: list[str]) -> None:
-        self.api.connect_container_to_network(container, network, aliases=aliases)
-
     # -- containers -------------------------------------------------------------------
     def create_container(self, spec: ContainerSpec) -> str:
         from docker.errors import ImageNotFound
@@ -210,14 +204,6 @@ class DockerProvider:
 
     def logs(self, container: str, tail: int | str = "all") -> str:
         return self.api.logs(container, stdout=True, stderr=True, tail=tail).decode(errors="replace")
-
-    def update_limits(self, container: str, *, cpu_quota: int | None = None, mem_limit: str | None = None) -> None:
-        kw: dict[str, Any] = {}
-        if cpu_quota is not None:
-            kw.update(cpu_period=100000, cpu_quota=cpu_quota)
-        if mem_limit is not None:
-            kw.update(mem_limit=mem_limit, memswap=mem_limit)
-        self.api.update_container(container, **kw)
 
     # -- exec -------------------------------------------------------------------------
     def exec(self, container: str, cmd: list[str], *, user: str = "root", workdir: str | None = None,

@@ -122,9 +122,6 @@ class Slurm:
     def nodes(self) -> list[SlurmNode]:
         return parse_nodes(self._run("scontrol", "show", "nodes", "--json"))
 
-    def jobs(self) -> list[JobInfo]:
-        return parse_jobs(self._run("squeue", "--json"))
-
     def job(self, job_id: int) -> JobInfo | None:
         """One job, also one that ended in the last MinJobAge seconds (squeue omits those)."""
         res = self.p.exec(self.controller, ["scontrol", "show", "job", "--json", str(job_id)])

@@ -160,9 +160,6 @@ class Store:
     def set_status(self, name: str, status: str, message: str = "") -> None:
         self._x("UPDATE clusters SET status=?, message=?, updated=? WHERE name=?", (status, message, self.clock(), name))
 
-    def set_spec(self, name: str, spec: dict[str, Any]) -> None:
-        self._x("UPDATE clusters SET spec=?, updated=? WHERE name=?", (json.dumps(spec), self.clock(), name))
-
     def update_spec(self, name: str, change: Callable[[dict[str, Any]], dict[str, Any]],
                     node_statuses: list[tuple[str, str, str]] = ()) -> dict[str, Any]:
         """Read-modify-write of a cluster's spec in one write transaction, so that
