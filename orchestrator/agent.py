@@ -156,39 +156,38 @@ class GroupReconciler:
         self.rec = Recorder(cluster)
         self.onstart = onstart
 
-    def spec(self) -> InstanceGroup | None:
-        return self.c.spec.group(self.group)
-
     def step(self, snodes: dict[str, SlurmNode] | None) -> float:
         """One pass; returns how long until the next pass is needed."""
-        g = self.spec()
+        # The target and the nodes' phases come from one snapshot: a delete-nodes request
+        # writes its marks and the lower target together, and is seen whole.
+        row, latest_all = self.c.store.snapshot(self.c.name)
+        if row is None:
+            return RESYNC
+        g = self.c.reload(row.spec).group(self.group)
         if g is None or g.node_type == "Controller":
             return RESYNC
+        prefix = self.group.lower()
+        latest = {n: v for n, v in latest_all.items() if n.rsplit("-", 1)[0] == prefix}
         now = time.time()
         mine = {c.labels[L_NODE]: c for c in self.c.p.containers(self.c.name, {L_GROUP: self.group})
                 if L_NODE in c.labels and c.labels.get(L_ROLE) in NODE_ROLES}
+        phase = {n: v[0] for n, v in latest.items()}
         nxt = RESYNC
         # 1. passive sync: what became of launching nodes, and nodes being removed
         active: dict[str, ContainerInfo] = {}
         for n, ci in mine.items():
-            h = self.rec.history(n)
-            if h.phase == "ShuttingDown":
+            if phase.get(n) == "ShuttingDown":
                 nxt = min(nxt, self._remove(g, n, ci, snodes))
                 continue
             active[n] = ci
-            nxt = min(nxt, self._sync(g, n, ci, h, snodes, now))
-        # Decide on the target read AFTER the histories: a delete-nodes request writes its
-        # marks and the lower target in one transaction, so both are seen together.
-        g = self.c.reload().group(self.group)
-        if g is None:
-            return RESYNC
+            nxt = min(nxt, self._sync(g, n, ci, self.rec.history(n), snodes, now))
         # 2. scale down: extra nodes, idle and broken ones first
         extra = len(active) - g.InstanceCount
         if extra > 0:
             # only nodes the reconciler owns: one under a health check or recovery is left
             # to finish (the next pass picks again)
             owned = {n: ci for n, ci in active.items()
-                     if self.rec.history(n).phase in (None, "Queued", "Launching", "LaunchFailed", "Running")}
+                     if phase.get(n) in (None, "Queued", "Launching", "LaunchFailed", "Running")}
             victims = self._pick_victims(owned, snodes, min(extra, len(owned)))
             if not victims:
                 return min(nxt, 2.0)
@@ -196,20 +195,15 @@ class GroupReconciler:
                 self.rec.set(self.group, n, "ShuttingDown", "scale-down", event=f"Instance {n} in cluster {self.c.name} "
                              f"and instance group {self.group} is being removed (scale-down to {g.InstanceCount})")
             return 0.1
-        # 3. scale up: launch missing nodes whose retry is due
-        # a node being rebooted or replaced may have no container for a moment: it is
-        # still there (recovery owns it), not missing
-        recovering = {n for n, (p, _, t) in self.c.store.latest_node_status(self.c.name).items()
-                      if p in ("Rebooting", "Replacing") and n not in mine and now - t < 120
-                      and n.rsplit("-", 1)[0] == self.group.lower()}
+        # 3. scale up: launch missing nodes whose retry is due. A node being rebooted or
+        # replaced may have no container for a moment: recovery owns it, it is not missing.
+        recovering = {n for n, (p, _, t) in latest.items()
+                      if p in ("Rebooting", "Replacing") and n not in mine and now - t < 120}
         missing = g.InstanceCount - len(active) - len(recovering)
         used = {int(ci.labels.get(L_INDEX, "0")) for ci in mine.values()} | {int(n.rsplit("-", 1)[1]) for n in recovering}
         free = [i for i in range(1, g.InstanceCount + len(mine) + 2) if i not in used]
         wanted = free[:max(missing, 0)]
-        self._forget_unneeded(g, set(mine), {node_name(self.group, i) for i in wanted})
-        for n, (phase, _, _) in self.c.store.latest_node_status(self.c.name).items():
-            if phase == "ShuttingDown" and n not in mine and n.rsplit("-", 1)[0] == self.group.lower():
-                self.rec.set(self.group, n, "Removed", "its container is gone")  # e.g. a crash after removing it
+        self._close_stale(latest, set(mine), {node_name(self.group, i) for i in wanted})
         due = []
         for i in wanted:
             n = node_name(self.group, i)
@@ -304,15 +298,17 @@ class GroupReconciler:
                 continue
             self.rec.set(self.group, n, "Launching", "container started")
 
-    def _forget_unneeded(self, g: InstanceGroup, existing: set[str], wanted: set[str]) -> None:
-        """Nodes waiting to be launched that the target no longer needs are dropped."""
-        for n, (phase, _, _) in self.c.store.latest_node_status(self.c.name).items():
-            if n in existing or n in wanted or not n.startswith(self.group.lower() + "-"):
+    def _close_stale(self, latest: dict[str, tuple[str, str, float]], existing: set[str], wanted: set[str]) -> None:
+        """Nodes with no container: one waiting to be launched that the target no longer
+        needs is dropped; one left ShuttingDown (e.g. a crash after its container was
+        removed) is closed."""
+        for n, (phase, _, _) in latest.items():
+            if n in existing:
                 continue
-            if n.rsplit("-", 1)[0] != self.group.lower():
-                continue
-            if phase in ("Queued", "LaunchFailed"):
+            if phase in ("Queued", "LaunchFailed") and n not in wanted:
                 self.rec.set(self.group, n, "Removed", "no longer needed (scaled down)")
+            elif phase == "ShuttingDown":
+                self.rec.set(self.group, n, "Removed", "its container is gone")
 
     def _pick_victims(self, active: dict[str, ContainerInfo], snodes: dict[str, SlurmNode] | None, k: int) -> list[str]:
         def rank(n: str) -> tuple[int, int]:

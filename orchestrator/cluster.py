@@ -70,8 +70,9 @@ class Cluster:
             self._spec = validate(row.spec, self.env.catalogue)
         return self._spec
 
-    def reload(self) -> ClusterSpec:
-        self._spec = None
+    def reload(self, spec: dict | None = None) -> ClusterSpec:
+        """Read the spec again (or take `spec`, a stored spec document just read)."""
+        self._spec = validate(spec, self.env.catalogue) if spec is not None else None
         return self.spec
 
     @property

@@ -240,6 +240,22 @@ class Store:
         return [(r[0], r[1], r[2]) for r in self._x(
             "SELECT status, message, time FROM node_status WHERE cluster=? AND node=? ORDER BY id", (cluster, node))]
 
+    def snapshot(self, name: str) -> tuple[ClusterRow | None, dict[str, tuple[str, str, float]]]:
+        """A cluster's row and its nodes' latest statuses, read in one transaction: a
+        writer that changes both at once (delete-nodes: marks and a lower target) is
+        seen whole or not at all."""
+        with self._lock:
+            self._db.execute("BEGIN")
+            try:
+                rows = self._db.execute("SELECT name, spec, status, message, created, updated FROM clusters WHERE name=?",
+                                        (name,)).fetchall()
+                latest = self._db.execute(
+                    "SELECT node, status, message, time FROM node_status WHERE id IN "
+                    "(SELECT MAX(id) FROM node_status WHERE cluster=? GROUP BY node)", (name,)).fetchall()
+            finally:
+                self._db.execute("COMMIT")
+        return (_cluster(rows[0]) if rows else None), {r[0]: (r[1], r[2], r[3]) for r in latest}
+
     def latest_node_status(self, cluster: str) -> dict[str, tuple[str, str, float]]:
         rows = self._x("SELECT node, status, message, time FROM node_status WHERE id IN "
                        "(SELECT MAX(id) FROM node_status WHERE cluster=? GROUP BY node)", (cluster,))
