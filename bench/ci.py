@@ -25,8 +25,8 @@ from pathlib import Path
 
 from common import ROOT, bench_env, floor, hp, write_json
 
-from orchestrator.images import MIRROR, NODE_IMAGES  # noqa: E402
-from orchestrator.provider import DockerProvider  # noqa: E402
+from orchestrator.docker.images import MIRROR, NODE_IMAGES  # noqa: E402
+from orchestrator.docker.engine import DockerEngine as DockerProvider  # noqa: E402
 
 JOB = "#!/bin/bash\nsrun hostname | sort\n"
 ITYPE = "cpu.small"

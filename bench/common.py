@@ -14,12 +14,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.catalogue import load_catalogue  # noqa: E402
-from orchestrator.images import Images  # noqa: E402
-from orchestrator.provider import ContainerSpec, DockerProvider  # noqa: E402
-from orchestrator.slurm import Slurm  # noqa: E402
-from orchestrator.slurmconf import render  # noqa: E402
-from orchestrator.spec import validate  # noqa: E402
+from orchestrator.spec.catalogue import load_catalogue  # noqa: E402
+from orchestrator.docker.images import Images  # noqa: E402
+from orchestrator.docker.engine import DockerEngine as DockerProvider
+from orchestrator.docker.views import ContainerSpec  # noqa: E402
+from orchestrator.slurm.client import SlurmCli as Slurm  # noqa: E402
+from orchestrator.slurm.conf import render, slurmd_conf  # noqa: E402
+from orchestrator.spec.model import validate  # noqa: E402
 
 BENCH_TYPES = "bench.tiny: {VCpus: 1, CpuLimit: 0.02, MemoryMiB: 128}\n"
 
@@ -74,8 +75,8 @@ def floor(n: int, itype: str = "bench.tiny") -> float:
             def worker(i: int) -> str:
                 cid = p.create_container(ContainerSpec(
                     name=f"{net}-w{i}", image=imgs["worker"], hostname=f"w-{i}", labels=lab, network=net,
-                    environment={"HP_CONTROLLER": "controller-1", "HP_SLURMD_CONF": t.slurmd_conf("w")},
-                    cpu_limit=t.cpu_limit, memory_mib=t.memory_mib))
+                    environment={"HP_CONTROLLER": "controller-1", "HP_SLURMD_CONF": slurmd_conf(t, "w")},
+                    cpu_limit=t.cpu_limit, memory_bytes=t.memory_mib * 2**20))
                 p.put_files(cid, "/etc/slurm", {"slurm.key": (key, 0o600, 0)})
                 p.start(cid)
                 return cid

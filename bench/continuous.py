@@ -19,7 +19,7 @@ from pathlib import Path
 from common import ROOT, bench_env, floor, hp, write_json
 
 sys.path.insert(0, str(ROOT))
-from orchestrator.spec import DEFAULT_SPEC  # noqa: E402
+from orchestrator.spec.model import DEFAULT_SPEC  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 

@@ -21,8 +21,8 @@ import docker
 from common import bench_env, hp, spec_doc, write_json
 
 from orchestrator.health.stress import StressOptions, stress_command
-from orchestrator.images import CHECK_IMAGES, Images
-from orchestrator.provider import DockerProvider
+from orchestrator.docker.images import CHECK_IMAGES, Images
+from orchestrator.docker.engine import DockerEngine as DockerProvider
 
 SECONDS = 5
 N = 8
@@ -34,7 +34,7 @@ def plain_floor(n: int) -> float:
     """Seconds for n plain containers (check image, bench.tiny limits) to run hp's
     stress-ng command at once and exit: what the checks cost without hp."""
     image = Images(DockerProvider()).refs(CHECK_IMAGES)["check-cpu"]
-    cmd = ["sh", "-c", stress_command(StressOptions(seconds=SECONDS), TINY_CPUS)]
+    cmd = stress_command(StressOptions(seconds=SECONDS), TINY_CPUS)
     client = docker.from_env()
 
     def one(i: int) -> None:
@@ -56,17 +56,17 @@ def kill_to_idle(name: str, node: str = "w-1", timeout: float = 60) -> float:
     """Seconds from `docker kill` of a worker to that node idle in Slurm again, with no
     command: the cluster's agent sees Docker's die event and reboots (or replaces) it."""
     from orchestrator.errors import HpError
-    from orchestrator.slurm import Slurm
+    from orchestrator.slurm.client import SlurmCli as Slurm
 
     p = DockerProvider()
     cname = f"hp-{name}-{node}"
-    before = p.inspect(cname)["State"]["StartedAt"]
+    before = p.inspect(cname).state.started_at
     slurm = Slurm(p, f"hp-{name}-controller-1")
     t0 = time.monotonic()
     p.kill(cname)
     while time.monotonic() - t0 < timeout:
         try:
-            again = p.inspect(cname)["State"]["StartedAt"] != before
+            again = p.inspect(cname).state.started_at != before
             if again and any(n.name == node and n.usable for n in slurm.nodes()):
                 return time.monotonic() - t0
         except HpError:

@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.slurm import parse_nodes  # noqa: E402
+from orchestrator.slurm.model import parse_nodes  # noqa: E402
 
 
 def hp(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

@@ -1,9 +1,28 @@
-"""Errors, classified by what the caller should do with them (exit code, retry).
+"""Errors, classified by what the caller should do with them (exit code, retry), and hp's
+failure policy.
 
 Exit codes (documented in `hp --help` and the README):
   0 success, 1 operation failed, 2 bad input, 3 timeout waiting.
+
+Failure policy. `TRANSIENT` names the errors that come from the outside world: the
+container engine answering with an error or not at all, a node that could not be
+launched, a command (Slurm, a check tool) that failed. Those are retried (with backoff)
+or reported as the outcome of what was tried. Anything else that reaches a loop of hp's
+is a bug in hp: it is logged with its traceback and recorded as an `hp events` entry
+(`report_bug`), and it never becomes a verdict (a failed health check, a dead
+controller) nor is it retried forever.
 """
+
 from __future__ import annotations
+
+import hashlib
+import logging
+import sqlite3
+import traceback
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .state.store import Store
 
 
 class HpError(Exception):
@@ -30,11 +49,19 @@ class BadInput(HpError):
         return "\n".join(lines)
 
 
-class NotFound(HpError):
-    exit_code = 1
+class NotFound(BadInput):
+    """A cluster, group or node the user named does not exist (bad input: exit 2)."""
+
+    def __init__(self, message: str):
+        super().__init__(message, "not found")
+
+    def render(self) -> str:
+        return self.problems[0]
 
 
 class OperationFailed(HpError):
+    """Something hp tried did not work (a command failed, a node did not come back)."""
+
     exit_code = 1
 
 
@@ -42,8 +69,34 @@ class WaitTimeout(HpError):
     exit_code = 3
 
 
-class DockerUnavailable(HpError):
+class EngineUnavailable(HpError):
+    """No container engine answers (not started, unreachable, refused the connection)."""
+
     exit_code = 1
+
+
+class EngineError(OperationFailed):
+    """The container engine answered with an error. `status` is its HTTP status (404
+    missing, 409 conflict, 500 engine fault...), 0 when unknown."""
+
+    def __init__(self, message: str, status: int = 0):
+        self.status = status
+        super().__init__(message)
+
+    @property
+    def missing(self) -> bool:
+        return self.status == 404
+
+    @property
+    def conflict(self) -> bool:
+        return self.status == 409
+
+
+class ObjectMissing(EngineError):
+    """The engine has no such container, image, network or volume."""
+
+    def __init__(self, message: str):
+        super().__init__(message, 404)
 
 
 class LaunchError(HpError):
@@ -60,3 +113,45 @@ class LaunchError(HpError):
 class InsufficientCapacity(LaunchError):
     def __init__(self, message: str):
         super().__init__("InsufficientCapacity", message, retryable=True)
+
+
+class InvalidTransition(Exception):
+    """A node phase change the transition table does not allow: a bug in hp, never
+    a user error (not an HpError, so it is never shown as an operation's outcome)."""
+
+
+# The outside world's errors: retried or reported as an outcome. Anything else is a bug.
+TRANSIENT: tuple[type[BaseException], ...] = (EngineUnavailable, EngineError, LaunchError, OperationFailed)
+
+
+def is_transient(e: BaseException) -> bool:
+    return isinstance(e, TRANSIENT)
+
+
+def bug_signature(e: BaseException) -> str:
+    """A short stable id of a bug (type and where it was raised), to report it once."""
+    tb = traceback.extract_tb(e.__traceback__)
+    where = f"{tb[-1].filename}:{tb[-1].lineno}" if tb else ""
+    return hashlib.sha1(f"{type(e).__name__}@{where}".encode()).hexdigest()[:10]
+
+
+def report_bug(
+    store: Store | None,
+    cluster: str | None,
+    where: str,
+    e: BaseException,
+    log: logging.Logger,
+    *,
+    group: str | None = None,
+    node: str | None = None,
+) -> str:
+    """Log a bug with its traceback and record it as an event of the cluster; returns
+    the one-line description. Never raises (the caller is already handling a failure)."""
+    desc = f"internal error in {where}: {type(e).__name__}: {str(e)[:300]} (a bug in hp, id {bug_signature(e)}; traceback in the log)"
+    log.error("%s", desc, exc_info=e)
+    if store is not None and cluster is not None:
+        try:
+            store.event(cluster, "Cluster" if node is None else "Instance", "Error", desc, group, node=node)
+        except sqlite3.Error:  # pragma: no cover - the store itself failing: the log has it
+            log.exception("could not record the internal error")
+    return desc

@@ -1,21 +1,31 @@
 """Names and labels. Labels on containers, networks and volumes are the truth of
 what exists; names are derived from (cluster, group, index) alone."""
+
 from __future__ import annotations
 
 LABEL_PREFIX = "io.hp"
 L_MANAGED = f"{LABEL_PREFIX}.managed"
 L_CLUSTER = f"{LABEL_PREFIX}.cluster"
 L_GROUP = f"{LABEL_PREFIX}.group"
-L_ROLE = f"{LABEL_PREFIX}.role"  # controller | login | worker | network | state | shared | check
+L_ROLE = f"{LABEL_PREFIX}.role"  # controller | login | worker | network | state | shared | check | ...
 L_NODE = f"{LABEL_PREFIX}.node"  # Slurm node name (= hostname)
 L_INDEX = f"{LABEL_PREFIX}.index"
 L_ITYPE = f"{LABEL_PREFIX}.instance-type"
+L_GPUS = f"{LABEL_PREFIX}.gpus"  # the host GPUs (ids) backing a node
+L_REQUEST = f"{LABEL_PREFIX}.health-request"  # a check container's health-check request
+L_INCARNATION = f"{LABEL_PREFIX}.incarnation"  # which creation of a cluster name it belongs to
 
 ROLE_BY_NODE_TYPE = {"Controller": "controller", "Login": "login", "Compute": "worker"}
 
 
-def labels(cluster: str, role: str, group: str | None = None, node: str | None = None,
-           index: int | None = None, itype: str | None = None) -> dict[str, str]:
+def labels(
+    cluster: str,
+    role: str,
+    group: str | None = None,
+    node: str | None = None,
+    index: int | None = None,
+    itype: str | None = None,
+) -> dict[str, str]:
     out = {L_MANAGED: "1", L_CLUSTER: cluster, L_ROLE: role}
     if group is not None:
         out[L_GROUP] = group
@@ -29,8 +39,18 @@ def labels(cluster: str, role: str, group: str | None = None, node: str | None =
 
 
 def node_name(group: str, index: int) -> str:
-    """Slurm node name and hostname: the group's name and a 1-based index."""
+    """Slurm node name and hostname: the group's name (lower case) and a 1-based index."""
     return f"{group.lower()}-{index}"
+
+
+def split_node(node: str) -> tuple[str, int]:
+    """(group prefix, index) of a node name; index 0 when it has none."""
+    base, _, idx = node.rpartition("-")
+    return (base, int(idx)) if idx.isdigit() and base else (node, 0)
+
+
+def group_prefix(node: str) -> str:
+    return split_node(node)[0]
 
 
 def container_name(cluster: str, node: str) -> str:

@@ -70,8 +70,8 @@ class Hp:
         return n
 
     def cleanup(self) -> None:
-        from orchestrator.provider import DockerProvider
-        from orchestrator.teardown import remove_resources
+        from orchestrator.docker.engine import DockerEngine as DockerProvider
+        from orchestrator.cluster.delete import remove_resources
 
         for n in self.made:
             self("delete", n, timeout=120)

@@ -1,22 +1,36 @@
 """Run one health-check request: isolate the nodes (drain, wait for idle), check them
-in check containers, then resume, recover or keep them drained, recording every step."""
+in check containers, then resume, recover or keep them drained, recording every step.
+
+Failure policy: a check that runs and finds a problem, or that cannot run because the
+engine or a tool failed (TRANSIENT), fails the node. A bug in hp (anything else, e.g. a
+parser raising TypeError) is never a verdict on the node: it is reported (log and
+`hp events`), the result says "internal error", and the node goes back into service
+untouched (never rebooted or replaced).
+"""
+
 from __future__ import annotations
 
+import logging
+import os
 import time
 from dataclasses import dataclass, field
 
-from .. import recovery
-from ..catalogue import InstanceType
-from ..cluster import Cluster, parallel
-from ..errors import OperationFailed
-from ..images import CHECK_IMAGES
-from ..naming import L_GROUP, L_ITYPE
-from ..slurm import SlurmNode
-from . import sidecar
+from ..cluster.context import Cluster, parallel
+from ..docker.images import CHECK_IMAGES
+from ..errors import TRANSIENT, OperationFailed, report_bug
+from ..recovery import actions as recovery
+from ..slurm.model import ONSTART_REASON, SlurmNode, health_reason, is_health_reason
+from ..spec.catalogue import InstanceType
+from ..state.phases import Phase
+from . import dcgm, sidecar
 from .connectivity import run_connectivity
-from .logic import CpuBudget, claim, idle_drained, is_ours, reason
+from .limits import CpuBudget, grant_problems
+from .logic import Outcome, claim
 from .records import Records, Result, output_dir
-from .stress import StressOptions, run_stress
+from .stress import StressOptions, judge, split_output, stress_command
+from .verdict import Verdict
+
+log = logging.getLogger("hp.health")
 
 POLL_S = 0.5
 SETTLE_S = 20.0  # how long a resumed node may take to answer Slurm's ping before hp hands it back anyway
@@ -27,6 +41,7 @@ class Options:
     checks: list[str]
     wait_idle_timeout: float = 600.0
     stress: StressOptions = field(default_factory=StressOptions)
+    dcgm_level: int = 2
     iperf_seconds: int = 1
     recovery_wait: float = 90.0
     on_start: bool = False  # the agent's check of new nodes (may take nodes drained with ONSTART_REASON)
@@ -37,7 +52,8 @@ class NodeRun:
     node: str
     group: str
     itype: InstanceType
-    failed: dict[str, str] = field(default_factory=dict)  # check -> short why
+    failed: dict[str, Outcome] = field(default_factory=dict)  # check -> short why
+    error: str = ""  # an internal error (a bug in hp): the node is not judged
 
 
 class Engine:
@@ -49,20 +65,20 @@ class Engine:
         self.attempt = attempt
         self.image = cluster.env.images.refs(CHECK_IMAGES)["check-cpu"]
         self.outdir = output_dir(cluster.store, cluster.name, rid)
-        self.budget = CpuBudget(float(cluster.p.api.info().get("NCPU", 1)))
+        self.budget = CpuBudget(float(cluster.p.info().cpus))
 
     # -- Slurm --------------------------------------------------------------------------
     def snodes(self) -> dict[str, SlurmNode]:
         return {n.name: n for n in self.c.slurm.nodes()}
 
     def label(self) -> str:
-        return reason(self.rid, "+".join(self.opts.checks))
+        return health_reason(self.rid, "+".join(self.opts.checks))
 
-    def isolate(self, nodes: list[str]) -> tuple[list[str], dict[str, str]]:
+    def isolate(self, nodes: list[str]) -> tuple[list[str], dict[str, Outcome]]:
         """Drain the nodes hp may take (never one drained for a foreign reason) and
         wait until each runs nothing. Returns (ready nodes, skipped node -> why)."""
         sn = self.snodes()
-        skipped: dict[str, str] = {}
+        skipped: dict[str, Outcome] = {}
         take = []
         for n in nodes:
             cl = claim(sn.get(n), self.opts.on_start)
@@ -70,20 +86,22 @@ class Engine:
                 take.append(n)
             else:
                 skipped[n] = cl.skip_reason
-        self.c.slurm.update(take, "drain", self.label())
+        # drained in Slurm first, recorded after: what `hp nodes` shows is never ahead of Slurm
+        self.c.slurm.drain(take, self.label())
         for n in take:
-            self.c.store.node_status(self.c.name, n, "DeepHealthCheckInProgress",
-                                     f"{self.rid}: {', '.join(self.opts.checks)}")
+            self.c.store.set_phase(self.c.name, n, Phase.CHECKING, f"{self.rid}: {', '.join(self.opts.checks)}")
         deadline = time.monotonic() + self.opts.wait_idle_timeout
         waiting = set(take)
         while waiting and time.monotonic() < deadline:
             sn = self.snodes()
-            waiting = {n for n in waiting if not idle_drained(sn.get(n))}
+            waiting = {n for n in waiting if not (n in sn and sn[n].idle_drained)}
             if waiting:
                 time.sleep(POLL_S)
         for n in sorted(waiting):
-            skipped[n] = (f"still running jobs after {self.opts.wait_idle_timeout:g} s "
-                          f"(Slurm state {sn[n].display if n in sn else 'unknown'}): not checked")
+            skipped[n] = (
+                f"still running jobs after {self.opts.wait_idle_timeout:g} s "
+                f"(Slurm state {sn[n].display if n in sn else 'unknown'}): not checked"
+            )
         self.release(sorted(waiting))
         return [n for n in take if n not in waiting], skipped
 
@@ -93,8 +111,8 @@ class Engine:
         flag a node not responding until its next ping, and the recovery watcher would
         reboot a Running node it sees so. Until then the node stays ours."""
         sn = self.snodes()
-        mine = [n for n in nodes if n in sn and sn[n].drained and is_ours(sn[n].reason, self.rid)]
-        self.c.slurm.update(mine, "resume")
+        mine = [n for n in nodes if n in sn and sn[n].drained and is_health_reason(sn[n].reason, self.rid)]
+        self.c.slurm.resume(mine)
         deadline = time.monotonic() + SETTLE_S
         while mine and time.monotonic() < deadline:
             sn = self.snodes()
@@ -102,121 +120,184 @@ class Engine:
                 break
             time.sleep(POLL_S)
         for n in nodes:
-            self.c.store.node_status(self.c.name, n, "Running", "")
+            self.c.store.set_phase(self.c.name, n, Phase.RUNNING, "")
 
     def keep_drained(self, node: str, why: str) -> None:
-        self.c.slurm.update([node], "drain", why)
-        self.c.store.node_status(self.c.name, node, "Running", why)
+        """Leave a node that failed drained with the reason. One whose replacement did not
+        come up is the reconciler's again (LaunchFailed): only its Slurm record, if any, is
+        drained."""
+        try:
+            self.c.slurm.drain([node], why)
+        except OperationFailed as e:
+            log.info("%s: not drained (%s)", node, e)
+        phase = self.c.store.latest_phases(self.c.name).get(node, ("",))[0]
+        if phase in (Phase.CHECKING.value, Phase.RUNNING.value):
+            self.c.store.set_phase(self.c.name, node, Phase.RUNNING, why)
 
     # -- checks -------------------------------------------------------------------------
     def _row(self, run: NodeRun, check: str) -> tuple[int, Result]:
         r = Result(run.node, run.group, check, self.attempt, "Running", started=time.time())
         return self.rec.result(self.rid, self.c.name, r), r
 
-    def _finish(self, row: int, r: Result, passed: bool, reasons: list[str], figures: dict, text: str) -> None:
+    def _finish(self, row: int, r: Result, state: str, reasons: list[str], figures: dict, text: str) -> None:
         path = self.outdir / f"{r.node}-{r.check}{'' if self.attempt == 'initial' else '-' + self.attempt}.txt"
         path.write_text(text)
-        r.state, r.ended, r.reasons, r.figures, r.output = ("Passed" if passed else "Failed"), time.time(), \
-            reasons, figures, str(path)
+        r.state, r.ended, r.reasons, r.figures, r.output = state, time.time(), reasons, figures, str(path)
         self.rec.update(row, r)
-        level = "Info" if passed else "Error"
-        self.c.store.event(self.c.name, "Instance", level, f"Deep health check {r.check} ({self.rid}, {self.attempt}) "
-                           f"on {r.node}: {'passed' if passed else 'failed: ' + '; '.join(reasons)[:300]}",
-                           r.group, node=r.node)
+        level = {"Passed": "Info", "Failed": "Error"}.get(state, "Warning")
+        what = {"Passed": "passed", "Failed": "failed: " + "; ".join(reasons)[:300]}.get(state, "; ".join(reasons)[:300])
+        self.c.store.event(
+            self.c.name,
+            "Instance",
+            level,
+            f"Deep health check {r.check} ({self.rid}, {self.attempt}) on {r.node}: {what}",
+            r.group,
+            node=r.node,
+        )
+
+    def _internal_error(self, run: NodeRun, check: str, row: int, r: Result, e: BaseException) -> None:
+        desc = report_bug(self.c.store, self.c.name, f"health check {check} on {run.node}", e, log, node=run.node)
+        run.error = desc
+        self._finish(row, r, "Error", [f"{desc}; the node was not judged"], {}, desc)
 
     def stress_one(self, run: NodeRun, sc: sidecar.Sidecar) -> None:
         row, r = self._row(run, "InstanceStress")
         cpus = sc.limits.granted_cpus or 1.0
         self.budget.acquire(cpus)
         try:
-            v, out = run_stress(self.c, sc, run.itype, self.opts.stress)
-        except Exception as e:  # noqa: BLE001 - the check could not run: that is a failed check
-            v, out = None, f"check did not run: {e}"
+            v, out = self.run_stress(run.itype, sc)
+        except TRANSIENT as e:  # the check could not run (engine, tool): a failed check
+            v, out = Verdict(False, [f"check did not run: {e}"]), f"check did not run: {e}"
+        except Exception as e:  # a bug: not a verdict on the node
+            self._internal_error(run, "InstanceStress", row, r, e)
+            return
         finally:
             self.budget.release(cpus)
-        if v is None:
-            self._finish(row, r, False, [out], {}, out)
-            run.failed["InstanceStress"] = out[:150]
-            return
-        self._finish(row, r, v.passed, v.reasons, v.figures, out)
+        self._finish(row, r, "Passed" if v.passed else "Failed", v.reasons, v.figures, out)
         if not v.passed:
             run.failed["InstanceStress"] = v.reasons[0][:150]
+
+    def run_stress(self, itype: InstanceType, sc: sidecar.Sidecar) -> tuple[Verdict, str]:
+        """The stress run (and on GPU nodes the GPU checks) in the node's check container."""
+        res = sidecar.run(self.c, sc, stress_command(self.opts.stress, sc.limits.granted_cpus))
+        out = res.output
+        _, _, code = split_output(out)
+        v = judge(itype, out, sc.limits.granted_cpus, [])
+        v.reasons += grant_problems(itype, sc.limits, v.figures.get("cpus_used_total"))
+        if code == -1 and res.exit_code != 0:
+            v.reasons.append(f"the check's wrapper was killed (exit {res.exit_code}): out of memory?")
+        if itype.gpus:
+            gv, gout = self.run_gpu(itype, sc)
+            v.reasons += gv.reasons
+            v.figures.update({f"gpu.{k}": x for k, x in gv.figures.items()})
+            out += "\n\n==== GPU ====\n" + gout
+        v.passed = not v.reasons
+        return v, out
+
+    def run_gpu(self, itype: InstanceType, sc: sidecar.Sidecar) -> tuple[Verdict, str]:
+        """`nvidia-smi -L` against the type's GPU count, then `dcgmi diag -r LEVEL -j` in the
+        DCGM image when one is configured (HP_DCGM_IMAGE): without one the result says
+        "DCGM not configured", never a silent pass nor a failure nobody asked for."""
+        reasons: list[str] = []
+        smi = sidecar.run(self.c, sc, ["nvidia-smi", "-L"])
+        seen = sum(1 for ln in smi.output.splitlines() if ln.startswith("GPU "))
+        if seen != itype.gpus:
+            reasons.append(f"nvidia-smi -L lists {seen} GPU(s), {itype.name} has {itype.gpus}")
+        figures = {"gpus_seen": float(seen), "gpus_expected": float(itype.gpus)}
+        out = smi.output
+        image = os.environ.get("HP_DCGM_IMAGE")
+        if not image:
+            return Verdict(not reasons, reasons, figures), out + "\nDCGM not configured (set HP_DCGM_IMAGE)\n"
+        node = self.c.node_containers().get(sc.node)
+        if node is None:
+            raise OperationFailed(f"{sc.node} has no container any more")
+        dsc = sidecar.start(self.c, node, image, self.rid)
+        try:
+            d = sidecar.run(self.c, dsc, dcgm.command(self.opts.dcgm_level))
+        finally:
+            sidecar.stop(self.c, dsc)
+        dv = dcgm.run_verdict(d.output, d.exit_code)
+        return Verdict(not (reasons + dv.reasons), reasons + dv.reasons, {**figures, **dv.figures}), out + "\n" + d.output
 
     def check(self, runs: list[NodeRun], peers: list[NodeRun] = ()) -> None:
         """Run the requested checks on `runs` (peers join the connectivity check only)."""
         cont = self.c.node_containers()
         everyone = list(runs) + [p for p in peers if p.node not in {r.node for r in runs}]
-        cars = {}
+        cars: dict[str, sidecar.Sidecar] = {}
         try:
-            for x, sc in zip(everyone, parallel(lambda x: sidecar.start(self.c, cont[x.node], self.image, self.rid),
-                                                everyone)):
+            started = parallel(lambda x: sidecar.start(self.c, cont[x.node], self.image, self.rid), everyone)
+            for x, sc in zip(everyone, started):
                 cars[x.node] = sc
             if "InstanceStress" in self.opts.checks:
                 parallel(lambda x: self.stress_one(x, cars[x.node]), runs)
             if "InstanceConnectivity" in self.opts.checks:
                 self.connectivity(runs, everyone, cars)
         finally:
-            parallel(lambda sc: sidecar.stop(self.c, sc), list(cars.values()))
+            sidecar.remove_all(self.c, self.rid)
 
-    def connectivity(self, runs: list[NodeRun], everyone: list[NodeRun], cars: dict) -> None:
+    def connectivity(self, runs: list[NodeRun], everyone: list[NodeRun], cars: dict[str, sidecar.Sidecar]) -> None:
         rows = {x.node: self._row(x, "InstanceConnectivity") for x in runs}
         if len(everyone) < 2:
             for x in runs:
-                self._finish(*rows[x.node], False, ["InstanceConnectivity needs at least 2 nodes under check"], {}, "")
+                self._finish(*rows[x.node], "Failed", ["InstanceConnectivity needs at least 2 nodes under check"], {}, "")
                 x.failed["InstanceConnectivity"] = "needs at least 2 nodes"
             return
         try:
-            res = run_connectivity(self.c, [cars[x.node] for x in everyone], {x.node: x.itype for x in everyone},
-                                   self.opts.iperf_seconds)
-        except Exception as e:  # noqa: BLE001
+            res = run_connectivity(
+                self.c, [cars[x.node] for x in everyone], {x.node: x.itype for x in everyone}, self.opts.iperf_seconds
+            )
+        except TRANSIENT as e:  # could not run: a failed check
             for x in runs:
-                self._finish(*rows[x.node], False, [f"check did not run: {e}"], {}, str(e))
+                self._finish(*rows[x.node], "Failed", [f"check did not run: {e}"], {}, str(e))
                 x.failed["InstanceConnectivity"] = str(e)[:150]
+            return
+        except Exception as e:  # a bug: not a verdict on the nodes
+            for x in runs:
+                self._internal_error(x, "InstanceConnectivity", *rows[x.node], e)
             return
         for x in runs:
             why = res.reasons.get(x.node, [])
-            self._finish(*rows[x.node], not why, why, res.figures.get(x.node, {}), res.output)
+            self._finish(*rows[x.node], "Failed" if why else "Passed", why, res.figures.get(x.node, {}), res.output)
             if why:
                 x.failed["InstanceConnectivity"] = why[0][:150]
 
 
-def run_request(cluster: Cluster, rid: str, nodes: list[str], opts: Options,
-                peers: list[str] = ()) -> dict[str, str]:
-    """Check `nodes`; returns node -> final verdict (Passed, Failed, Skipped: why).
-    `peers` (not drained, not judged) only join the connectivity check: a lone new
+def run_request(cluster: Cluster, rid: str, nodes: list[str], opts: Options, peers: list[str] = ()) -> dict[str, Outcome]:
+    """Check `nodes`; returns node -> final verdict (Passed, Failed, Skipped: why, Error:
+    why). `peers` (not drained, not judged) only join the connectivity check: a lone new
     node needs someone to talk to."""
     eng = Engine(cluster, rid, opts)
     cont = cluster.node_containers()
     cat = cluster.env.catalogue
-    verdicts: dict[str, str] = {}
+    verdicts: dict[str, Outcome] = {}
     ready, skipped = eng.isolate(nodes)
     for n, why in skipped.items():
-        g = cont[n].labels.get(L_GROUP, "") if n in cont else ""
-        eng.rec.result(rid, cluster.name, Result(n, g, "+".join(opts.checks), "initial", "Skipped",
-                                                 time.time(), time.time(), [why]))
+        g = cont[n].group if n in cont else ""
+        eng.rec.result(rid, cluster.name, Result(n, g, "+".join(opts.checks), "initial", "Skipped", time.time(), time.time(), [why]))
         cluster.store.event(cluster.name, "Instance", "Warning", f"Deep health check {rid} skipped {n}: {why}", g, node=n)
-        verdicts[n] = f"Skipped: {why}"
-    runs = [NodeRun(n, cont[n].labels.get(L_GROUP, ""), cat[cont[n].labels[L_ITYPE]]) for n in ready]
+        verdicts[n] = Outcome("Skipped", why)
+    runs = [NodeRun(n, cont[n].group, cat[cont[n].itype]) for n in ready]
     if runs:
-        eng.check(runs, [NodeRun(n, cont[n].labels.get(L_GROUP, ""), cat[cont[n].labels[L_ITYPE]])
-                         for n in peers if n in cont and n not in ready])
-    failed = [r for r in runs if r.failed]
-    passed = [r for r in runs if not r.failed]
+        peer_runs = [NodeRun(n, cont[n].group, cat[cont[n].itype]) for n in peers if n in cont and n not in ready]
+        eng.check(runs, peer_runs)
+    errored = [r for r in runs if r.error]
+    failed = [r for r in runs if r.failed and not r.error]
+    passed = [r for r in runs if not r.failed and not r.error]
     anchor = passed[:1] if failed and "InstanceConnectivity" in opts.checks else []
     done = [r for r in passed if r not in anchor]
-    eng.release([r.node for r in done])
-    verdicts.update({r.node: "Passed" for r in done})
+    eng.release([r.node for r in done + errored])  # an internal error is no verdict: back into service
+    verdicts.update({r.node: Outcome("Passed") for r in done})
+    verdicts.update({r.node: Outcome("Error", r.error) for r in errored})
     if failed and cluster.spec.NodeRecovery == "Automatic":
         failed = recover(eng, failed, anchor, verdicts)
     for r in failed:
         verdicts[r.node] = _keep(eng, r)
     eng.release([r.node for r in anchor])
-    verdicts.update({r.node: "Passed" for r in anchor})
+    verdicts.update({r.node: Outcome("Passed") for r in anchor})
     return verdicts
 
 
-def run_and_record(cluster: Cluster, rid: str, nodes: list[str], opts: Options,
-                   peers: list[str] = ()) -> dict[str, str]:
+def run_and_record(cluster: Cluster, rid: str, nodes: list[str], opts: Options, peers: list[str] = ()) -> dict[str, Outcome]:
     """Run a recorded request to its end and record the outcome (Completed with the
     verdicts, or Failed with why; its check containers are removed either way). The
     detached worker and the agent's on-start checks both end here."""
@@ -229,13 +310,17 @@ def run_and_record(cluster: Cluster, rid: str, nodes: list[str], opts: Options,
         sidecar.remove_all(cluster, rid)
         hand_back(cluster, rid, nodes, opts.on_start)
         raise
-    rec.set_verdicts(rid, verdicts)
-    bad = {n: v for n, v in verdicts.items() if not v.startswith("Passed")}
+    rec.set_verdicts(rid, {n: str(v) for n, v in verdicts.items()}, {n: v.result for n, v in verdicts.items()})
+    bad = {n: v for n, v in verdicts.items() if not v.passed}
     summary = f"{len(verdicts) - len(bad)} of {len(verdicts)} node(s) passed"
     rec.set_state(rid, "Completed", summary, ended=True)
-    cluster.store.event(cluster.name, "Cluster", "Info" if not bad else "Warning",
-                        f"Deep health check {rid} completed: {summary}"
-                        + (": " + "; ".join(f"{n} {v}" for n, v in bad.items())[:400] if bad else ""))
+    cluster.store.event(
+        cluster.name,
+        "Cluster",
+        "Info" if not bad else "Warning",
+        f"Deep health check {rid} completed: {summary}"
+        + (": " + "; ".join(f"{n} {v}" for n, v in bad.items())[:400] if bad else ""),
+    )
     return verdicts
 
 
@@ -243,28 +328,28 @@ def hand_back(cluster: Cluster, rid: str, nodes: list[str], on_start: bool) -> N
     """After a request failed (not its checks: the request itself), give back the nodes
     it still holds: on-demand ones are resumed; on-start ones are drained again with
     the on-start reason, still unchecked, so that they take no job."""
-    from ..cluster import ONSTART_REASON
-
     try:
-        held = [n.name for n in cluster.slurm.nodes() if n.name in nodes and n.drained and is_ours(n.reason, rid)]
+        held = [n.name for n in cluster.slurm.nodes() if n.name in nodes and n.drained and is_health_reason(n.reason, rid)]
         if on_start:
-            cluster.slurm.update(held, "drain", ONSTART_REASON)
+            cluster.slurm.drain(held, ONSTART_REASON)
         else:
-            cluster.slurm.update(held, "resume")
-    except Exception:  # noqa: BLE001 - controller down: the nodes stay drained, which is safe
+            cluster.slurm.resume(held)
+    except OperationFailed:  # controller down: the nodes stay drained, which is safe
         held = []
+    latest = cluster.store.latest_phases(cluster.name)
     for n in nodes:
-        cluster.store.node_status(cluster.name, n, "Running", "" if n in held and not on_start else
-                                  "on-start health check did not run" if on_start else "")
+        if latest.get(n, ("",))[0] == Phase.CHECKING.value:
+            msg = "on-start health check did not run" if on_start else ("" if n in held else "health check ended")
+            cluster.store.set_phase(cluster.name, n, Phase.RUNNING, msg)
 
 
-def _keep(eng: Engine, r: NodeRun) -> str:
+def _keep(eng: Engine, r: NodeRun) -> Outcome:
     check, why = next(iter(r.failed.items()))
-    eng.keep_drained(r.node, reason(eng.rid, check, why))
-    return f"Failed: {check}: {why}"
+    eng.keep_drained(r.node, health_reason(eng.rid, check, why))
+    return Outcome("Failed", f"{check}: {why}")
 
 
-def recover(eng: Engine, failed: list[NodeRun], anchor: list[NodeRun], verdicts: dict[str, str]) -> list[NodeRun]:
+def recover(eng: Engine, failed: list[NodeRun], anchor: list[NodeRun], verdicts: dict[str, Outcome]) -> list[NodeRun]:
     """Reboot the failed nodes and check them again (together, so that a connectivity
     check has its peers); replace those that still fail and check again. Returns the
     nodes that failed every time."""
@@ -275,29 +360,30 @@ def recover(eng: Engine, failed: list[NodeRun], anchor: list[NodeRun], verdicts:
 
         def act(r: NodeRun) -> bool:
             check, why = next(iter(r.failed.items()))
+            # the node comes back drained with the check's reason: it takes no job
+            # before it has passed the check again
+            why_now = f"deep health check {eng.rid} {check} failed: {why}"
             try:
-                # the node comes back drained with the check's reason: it takes no job
-                # before it has passed the check again
-                ok = fn(c, r.node, f"deep health check {eng.rid} {check} failed: {why}", eng.opts.recovery_wait,
-                        keep_drained=eng.label())
-            except (NotImplementedError, OperationFailed) as e:
+                return fn(c, r.node, why_now, eng.opts.recovery_wait, keep_drained=eng.label())
+            except OperationFailed as e:
                 r.failed = {check: f"{why}; {action} unavailable: {str(e)[:100]}"}
-                ok = False
-            return ok
+                return False
 
         back = [r for r, ok in zip(failed, parallel(act, failed)) if ok]
         if not back:
             continue
         for r in back:
-            c.store.node_status(c.name, r.node, "DeepHealthCheckInProgress", f"{eng.rid}: re-check after {action}")
+            c.store.set_phase(c.name, r.node, Phase.CHECKING, f"{eng.rid}: re-check after {action}")
         again = Engine(c, eng.rid, eng.opts, attempt=f"after-{action}")
         fresh = [NodeRun(r.node, r.group, r.itype) for r in back]
         again.check(fresh, anchor)
         for r, f in zip(back, fresh):
-            if f.failed:
+            if f.error:
+                verdicts[r.node] = Outcome("Error", f.error)
+            elif f.failed:
                 r.failed = f.failed
             else:
-                verdicts[r.node] = f"Passed after {action}"
-        eng.release([r.node for r in back if not any(f.node == r.node and f.failed for f in fresh)])
+                verdicts[r.node] = Outcome("Passed", f"after {action}")
+        eng.release([f.node for f in fresh if f.error or not f.failed])
         failed = [r for r in failed if r.node not in verdicts]
     return failed

@@ -1,104 +1,31 @@
-"""Pure decisions of the deep health checks: limits, thresholds, who may run when,
-whom a failed pair implicates, what a Slurm node's state means for a check."""
+"""Pure decisions of the deep health checks: who may be checked when, whom a failed pair
+implicates, which checks exist."""
+
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
-from typing import Any
 
-from ..catalogue import InstanceType
-from ..cluster import ONSTART_REASON
-from ..slurm import SlurmNode
+from ..slurm.model import SlurmNode, is_health_reason
 
 CHECKS = ("InstanceStress", "InstanceConnectivity")
-REASON_PREFIX = "hp-health:"
-
-# Used when a type has no HealthThresholds (see orchestrator/data/instance-types.yaml
-# for how the shipped figures were measured).
-DEFAULT_THRESHOLDS = {
-    "StressCpuBogoOpsPerCpuSecond": 300.0,
-    "StressVmBogoOpsPerCpuSecond": 600.0,
-    "IperfGbps": 0.05,
-    "NcclBusBwGbps": 1.0,
-}
-# A node whose cgroup grants less than this share of its type's CPUs or memory has
-# been cut (docker update, a bad cgroup): it can't deliver what its type promises.
-MIN_GRANT_SHARE = 0.9
 
 
 @dataclass(frozen=True)
-class NodeLimits:
-    """A node container's cgroup limits as Docker reports them now."""
+class Outcome:
+    """A node's final result in a request: Passed, Failed, Skipped or Error (an internal
+    error: not judged), with the words shown after it."""
 
-    nano_cpus: int = 0
-    cpu_quota: int = 0
-    cpu_period: int = 0
-    memory_bytes: int = 0
+    result: str
+    detail: str = ""
 
-    @property
-    def granted_cpus(self) -> float | None:
-        if self.nano_cpus:
-            return self.nano_cpus / 1e9
-        if self.cpu_quota > 0:
-            return self.cpu_quota / (self.cpu_period or 100000)
-        return None
+    def __str__(self) -> str:
+        if not self.detail:
+            return self.result
+        return f"{self.result} {self.detail}" if self.result == "Passed" else f"{self.result}: {self.detail}"
 
     @property
-    def memory_mib(self) -> float | None:
-        return self.memory_bytes / 2**20 if self.memory_bytes else None
-
-
-def node_limits(inspect_doc: dict[str, Any]) -> NodeLimits:
-    hc = inspect_doc.get("HostConfig") or {}
-    return NodeLimits(nano_cpus=int(hc.get("NanoCpus") or 0), cpu_quota=int(hc.get("CpuQuota") or 0),
-                      cpu_period=int(hc.get("CpuPeriod") or 0), memory_bytes=int(hc.get("Memory") or 0))
-
-
-def thresholds(itype: InstanceType) -> dict[str, float]:
-    return {**DEFAULT_THRESHOLDS, **itype.health}
-
-
-def grant_problems(itype: InstanceType, lim: NodeLimits, cpus_used: float | None) -> list[str]:
-    """What the node's current cgroup withholds from what its type promises. The CPU
-    time the stressors actually used is quoted, so the message says the node was
-    throttled by its OWN quota (not merely waiting for busy siblings)."""
-    out = []
-    g = lim.granted_cpus
-    if g is not None and g < MIN_GRANT_SHARE * itype.cpu_limit:
-        used = f"; the stressors used {cpus_used:.3f} CPUs, all of it" if cpus_used is not None else ""
-        out.append(f"CPU quota is {g:.3g} CPUs, below the {itype.cpu_limit:g} of {itype.name}{used}: "
-                   "throttled by the node's own cgroup quota")
-    m = lim.memory_mib
-    if m is not None and m < MIN_GRANT_SHARE * itype.memory_mib:
-        out.append(f"memory limit is {m:.0f} MiB, below the {itype.memory_mib} MiB of {itype.name}")
-    return out
-
-
-class CpuBudget:
-    """Admit stress checks while the CPUs they are granted fit in the host's cores,
-    so that concurrent checks don't steal each other's CPU time. One check is always
-    admitted (a node bigger than the host still gets checked, alone)."""
-
-    def __init__(self, host_cpus: float):
-        self.total = host_cpus
-        self.used = 0.0
-        self.running = 0
-        self._cv = threading.Condition()
-
-    def fits(self, cpus: float) -> bool:
-        return self.running == 0 or self.used + cpus <= self.total + 1e-9
-
-    def acquire(self, cpus: float) -> None:
-        with self._cv:
-            self._cv.wait_for(lambda: self.fits(cpus))
-            self.used += cpus
-            self.running += 1
-
-    def release(self, cpus: float) -> None:
-        with self._cv:
-            self.used -= cpus
-            self.running -= 1
-            self._cv.notify_all()
+    def passed(self) -> bool:
+        return self.result == "Passed"
 
 
 def ring_pairs(nodes: list[str]) -> list[tuple[str, str]]:
@@ -142,31 +69,16 @@ def claim(snode: SlurmNode | None, on_start: bool = False) -> Claim:
     requests, so that it is not resumed after checks other than its group's."""
     if snode is None:
         return Claim(False, "not registered in Slurm")
-    if snode.drained and snode.reason == ONSTART_REASON and not on_start:
+    if snode.awaiting_onstart and not on_start:
         return Claim(False, "waiting for its on-start deep health checks (drained until they pass)")
     if snode.drained:
-        if snode.reason.startswith(REASON_PREFIX):  # hp's own check (this or an earlier one): check again
+        if is_health_reason(snode.reason):  # hp's own check (this or an earlier one): check again
             return Claim(True)
         return Claim(False, f"already drained by someone else (reason: {snode.reason or 'none'}); "
                             "hp leaves it as it is")
     if snode.not_responding:
         return Claim(False, f"Slurm reports it {snode.display}")
     return Claim(True)
-
-
-def idle_drained(snode: SlurmNode | None) -> bool:
-    """Drained and running nothing (IDLE+DRAIN, not MIXED/ALLOCATED+DRAIN)."""
-    return snode is not None and snode.base == "IDLE" and snode.drained
-
-
-def reason(req: str, check: str, why: str = "") -> str:
-    """The Slurm drain reason hp writes: names the request and the check."""
-    r = f"{REASON_PREFIX}{req}:{check}"
-    return f"{r} failed: {why}"[:200] if why else r
-
-
-def is_ours(slurm_reason: str, req: str) -> bool:
-    return slurm_reason.startswith(f"{REASON_PREFIX}{req}:")
 
 
 def validate_checks(checks: list[str]) -> list[str]:

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import os
 
-from ..cluster import Cluster
+from ..cluster.context import Cluster
 from ..errors import OperationFailed
+from ..naming import group_prefix
 from .engine import Options, run_and_record
+from .logic import Outcome
 from .records import Records
 
 
@@ -38,22 +40,22 @@ def plan(cluster: Cluster, nodes: list[str]) -> list[tuple[str, list[str], list[
         if not g.OnStartDeepHealthChecks or g.node_type != "Compute":
             continue
         group = g.InstanceGroupName.lower()
-        mine = sorted(n for n in set(nodes) if n.rsplit("-", 1)[0] == group)
+        mine = sorted(n for n in set(nodes) if group_prefix(n) == group)
         checks = list(g.OnStartDeepHealthChecks)
         peers: list[str] = []
         if len(mine) == 1 and "InstanceConnectivity" in checks:
             # with none, the check fails saying it needs two nodes: the node stays drained, visibly
-            peers = [n for n in usable if n.rsplit("-", 1)[0] == group and n not in mine][:1]
+            peers = [n for n in usable if group_prefix(n) == group and n not in mine][:1]
         if mine:
             out.append((g.InstanceGroupName, checks, mine, peers))
     return out
 
 
-def check_new_nodes(cluster: Cluster, nodes: list[str], opts: Options | None = None) -> dict[str, str]:
+def check_new_nodes(cluster: Cluster, nodes: list[str], opts: Options | None = None) -> dict[str, Outcome]:
     """Check the new nodes; returns node -> verdict (Passed..., Failed: ..., Skipped: ...).
     Raises ClusterBusy (nothing done) while another request is active."""
     rec = Records(cluster.store)
-    verdicts: dict[str, str] = {}
+    verdicts: dict[str, Outcome] = {}
     for group, checks, ns, peers in plan(cluster, nodes):
         from .service import reap_dead
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..state import Store, iso
+from ..state.store import Store, iso
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS health_requests (
@@ -101,10 +101,11 @@ class Records:
         self.s.execute("UPDATE health_requests SET state=?, message=?, ended=? WHERE id=?",
                        (state, message, self.s.clock() if ended else None, rid))
 
-    def set_verdicts(self, rid: str, verdicts: dict[str, str]) -> None:
-        """Keep node -> final verdict with the request (shown by status as Verdicts)."""
+    def set_verdicts(self, rid: str, verdicts: dict[str, str], results: dict[str, str]) -> None:
+        """Keep node -> final verdict (words) and result (Passed, Failed, Skipped, Error)
+        with the request (shown by status as Verdicts and Results)."""
         r = self.request(rid)
-        opts = {**(r.options if r else {}), "verdicts": verdicts}
+        opts = {**(r.options if r else {}), "verdicts": verdicts, "results": results}
         self.s.execute("UPDATE health_requests SET options=? WHERE id=?", (json.dumps(opts), rid))
 
     def set_pid(self, rid: str, pid: int) -> None:

@@ -9,13 +9,32 @@ import sys
 import time
 from typing import Any
 
-from ..cluster import Cluster, Env
+from ..cluster.context import Cluster, Env
 from ..errors import BadInput, NotFound, OperationFailed, WaitTimeout
-from ..naming import L_GROUP, L_ROLE
-from ..state import iso
+from ..slurm.model import is_health_reason
+from ..state.phases import Phase
+from ..state.store import iso
 from . import sidecar
 from .logic import CHECKS, validate_checks
-from .records import Records, Request
+from .records import Records, Request, output_dir
+from .stress import StressOptions
+
+DCGM_LEVELS = (1, 2, 3, 4)
+
+
+def option_problems(options: dict[str, Any]) -> list[str]:
+    """Every problem with a request's options (validated before anything is touched)."""
+    problems = []
+    wit = options.get("wait_idle_timeout", 600)
+    if not isinstance(wit, (int, float)) or wit < 0:
+        problems.append(f"--wait-idle-timeout must be >= 0, got {wit!r}")
+    problems += StressOptions(options.get("stress_seconds", 3), options.get("vm_bytes", "64M")).problems()
+    if options.get("dcgm_level", 2) not in DCGM_LEVELS:
+        problems.append(f"--dcgm-level must be one of {', '.join(map(str, DCGM_LEVELS))}, got {options.get('dcgm_level')!r}")
+    rw = options.get("recovery_wait", 90)
+    if not isinstance(rw, (int, float)) or rw <= 0:
+        problems.append(f"--recovery-wait must be > 0, got {rw!r}")
+    return problems
 
 
 def plan(cluster: Cluster, groups: list[str], nodes: list[str], checks: list[str]) -> tuple[list[str], list[str]]:
@@ -25,23 +44,25 @@ def plan(cluster: Cluster, groups: list[str], nodes: list[str], checks: list[str
     compute = {g.InstanceGroupName for g in spec.InstanceGroups if g.node_type == "Compute"}
     problems += [f"{g!r} is not a compute instance group of {cluster.name} (groups: {', '.join(sorted(compute))})"
                  for g in groups if g not in compute]
-    workers = {n: c for n, c in cluster.node_containers().items() if c.labels.get(L_ROLE) == "worker"}
+    workers = {n: c for n, c in cluster.node_containers().items() if c.role == "worker"}
     problems += [f"{n!r} is not a worker node of {cluster.name} (nodes: {', '.join(sorted(workers))})"
                  for n in nodes if n not in workers]
     if problems:
         raise BadInput(problems, "invalid health-check request")
     chosen = list(dict.fromkeys(nodes)) if nodes else sorted(
-        n for n, c in workers.items() if not groups or c.labels.get(L_GROUP) in groups)
+        n for n, c in workers.items() if not groups or c.group in groups)
     if not chosen:
         raise BadInput("no worker node to check", "invalid health-check request")
     if "InstanceConnectivity" in checks and len(chosen) < 2:
         raise BadInput(f"InstanceConnectivity needs at least 2 nodes, {len(chosen)} chosen", "invalid health-check request")
-    return chosen, sorted({workers[n].labels.get(L_GROUP, "") for n in chosen})
+    return chosen, sorted({workers[n].group for n in chosen})
 
 
 def start(env: Env, name: str, groups: list[str], nodes: list[str], checks: list[str],
           options: dict[str, Any], detach: bool = True) -> str:
-    cluster = Cluster(env, name)
+    if problems := option_problems(options):
+        raise BadInput(problems, "invalid health-check request")
+    cluster = env.cluster(name)
     checks = list(dict.fromkeys(checks or CHECKS))
     chosen, gs = plan(cluster, groups, nodes, checks)
     rec = Records(env.store)
@@ -63,8 +84,6 @@ def start(env: Env, name: str, groups: list[str], nodes: list[str], checks: list
 
 
 def rec_log(env: Env, name: str, rid: str):
-    from .records import output_dir
-
     return output_dir(env.store, name, rid) / "worker.log"
 
 
@@ -85,16 +104,26 @@ def alive(pid: int | None) -> bool:
 
 
 def reap_dead(rec: Records, r: Request) -> Request:
-    """A request whose worker died without finishing is Failed (said so, once)."""
+    """A request whose worker died without finishing is Failed (said so, once), and the
+    nodes it held are handed back (as run_and_record would have)."""
     if r.state in ("Pending", "Running") and r.pid and not alive(r.pid):
         rec.set_state(r.id, "Failed", "the health-check worker process died", ended=True)
+        from .engine import hand_back
+
+        try:
+            hand_back(Cluster(_env_of(rec), r.cluster), r.id, r.nodes, bool(r.options.get("on_start")))
+        except NotFound:
+            pass  # the cluster is gone
         return rec.request(r.id) or r
     return r
 
 
+def _env_of(rec: Records) -> Env:
+    return Env(store=rec.s)
+
+
 def status(env: Env, name: str, rid: str | None = None) -> dict[str, Any]:
-    if env.store.cluster(name) is None:
-        raise NotFound(f"cluster {name!r} does not exist")
+    env.cluster(name)
     rec = Records(env.store)
     reqs = rec.requests(name)
     if rid:
@@ -112,7 +141,8 @@ def status(env: Env, name: str, rid: str | None = None) -> dict[str, Any]:
     return {"ClusterName": name, "Request": {
         "Id": r.id, "State": r.state, "Checks": r.checks, "Groups": r.groups, "Nodes": r.nodes,
         "CreationTime": iso(r.created), "EndTime": iso(r.ended) if r.ended else None, "Message": r.message,
-        "Verdicts": r.options.get("verdicts", {}), "OnStart": bool(r.options.get("on_start")),
+        "Verdicts": r.options.get("verdicts", {}), "Results": r.options.get("results", {}),
+        "OnStart": bool(r.options.get("on_start")),
         "InstanceGroups": [{"InstanceGroupName": g["InstanceGroupName"],
                             "Nodes": [{"Node": n, "Checks": v} for n, v in sorted(g["Nodes"].items())]}
                            for g in groups.values()]}}
@@ -147,15 +177,34 @@ def cancel(env: Env, name: str) -> str:
             pass
     cluster = Cluster(env, name)
     sidecar.remove_all(cluster, r.id)
-    from .logic import is_ours
-
-    mine = [n.name for n in cluster.slurm.nodes() if n.drained and is_ours(n.reason, r.id)]
-    cluster.slurm.update(mine, "resume")
-    for n in mine:
-        env.store.node_status(name, n, "Running", "")
+    mine = [n.name for n in cluster.slurm.nodes() if n.drained and is_health_reason(n.reason, r.id)]
+    cluster.slurm.resume(mine)
+    latest = env.store.latest_phases(name)
+    for n in r.nodes:
+        if latest.get(n, ("",))[0] == Phase.CHECKING.value:
+            env.store.set_phase(name, n, Phase.RUNNING, "")
     rec.set_state(r.id, "Cancelled", "cancelled by the user", ended=True)
     return r.id
 
 
+def stop_for_delete(env: Env, name: str) -> None:
+    """A deep health check's worker could recover (re-create) nodes during teardown:
+    stop it first. Its check containers go with the cluster's containers."""
+    rec = Records(env.store)
+    act = rec.active(name)
+    if act is not None and act.pid and not act.options.get("on_start"):
+        try:
+            os.killpg(act.pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+    rec.forget(name)
+
+
 def dumps(doc: dict[str, Any]) -> str:
     return json.dumps(doc, indent=2)
+
+
+def all_passed(doc: dict[str, Any]) -> bool:
+    """Did a finished request (status() document) pass on every node?"""
+    r = doc.get("Request")
+    return r is not None and r["State"] == "Completed" and all(v == "Passed" for v in r.get("Results", {}).values())

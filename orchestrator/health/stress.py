@@ -1,37 +1,52 @@
-"""InstanceStress: stress-ng CPU and memory with verification on every node, DCGM
-diagnostics and a GPU count on GPU nodes. Judged on bogo-ops per CPU-second (so a
-node that merely waited for busy siblings is not blamed) and on what the node's own
-cgroup grants against what its type promises."""
+"""InstanceStress: stress-ng CPU and memory with verification, run in a node's check
+container: its command (an argv list: user options never reach a shell), the parser of
+its output and the verdict. Judged on bogo-ops per CPU-second (so a node that merely
+waited for busy siblings is not blamed) and on what the node's own cgroup grants
+against what its type promises."""
+
 from __future__ import annotations
 
 import math
-import os
-from dataclasses import dataclass
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Literal
 
-from ..catalogue import InstanceType
-from ..cluster import Cluster
-from . import sidecar
-from .logic import grant_problems, thresholds
-from .parsers import ParseError, Verdict, judge_dcgm, parse_dcgm, parse_stress_ng
+from ..spec.catalogue import InstanceType
+from .limits import thresholds
+from .verdict import ParseError, Verdict, num, verdict
 
 YAML_MARK = "@@HP-STRESS-YAML@@"
 RC_MARK = "@@HP-STRESS-RC="
+WRAPPER = "/usr/local/bin/hp-stress"  # in the check image: stress-ng "$@", then its YAML and exit status
+SIZE_RE = re.compile(r"^([1-9][0-9]{0,12})([KMGT]?)$|^([1-9][0-9]?|100)%$", re.IGNORECASE)
+MAX_SECONDS = 3600
 
 
 @dataclass(frozen=True)
 class StressOptions:
     seconds: int = 3
     vm_bytes: str = "64M"
-    dcgm_level: int = 2
+
+    def problems(self) -> list[str]:
+        """Every problem with the options (a size must be a size: 64M, 1G, 50%)."""
+        out = []
+        if not isinstance(self.seconds, int) or not 1 <= self.seconds <= MAX_SECONDS:
+            out.append(f"--stress-seconds must be between 1 and {MAX_SECONDS}, got {self.seconds!r}")
+        if not isinstance(self.vm_bytes, str) or not SIZE_RE.match(self.vm_bytes):
+            out.append(
+                f"--vm-bytes must be a size such as 64M, 1G or 50% (digits, then K, M, G, T or %), got {self.vm_bytes!r}"
+            )
+        return out
 
 
-def stress_command(opts: StressOptions, cpus: float | None) -> str:
+def stress_command(opts: StressOptions, cpus: float | None) -> list[str]:
     """stress-ng with one CPU stressor per granted CPU (at least one) and one memory
-    stressor, verifying results; prints its log, then its YAML metrics."""
+    stressor, verifying results; the wrapper prints its log, then its YAML metrics
+    and exit status. Options were validated (StressOptions.problems) and go as argv."""
     n = max(1, math.ceil(cpus or 1))
-    return (f"stress-ng --cpu {n} --vm 1 --vm-bytes {opts.vm_bytes} --verify --metrics-brief "
-            f"--timeout {opts.seconds}s --yaml /tmp/hp-stress.yaml 2>&1; rc=$?; "
-            f"echo '{YAML_MARK}'; cat /tmp/hp-stress.yaml 2>/dev/null; echo '{RC_MARK}'$rc")
+    return [WRAPPER, "--cpu", str(n), "--vm", "1", "--vm-bytes", opts.vm_bytes, "--verify", "--metrics-brief",
+            "--timeout", f"{int(opts.seconds)}s"]
 
 
 def split_output(out: str) -> tuple[str, str, int]:
@@ -41,73 +56,378 @@ def split_output(out: str) -> tuple[str, str, int]:
     try:
         code = int(rc.strip().split()[0])
     except (ValueError, IndexError):
-        code = -1  # the shell itself was killed (e.g. out of memory)
+        code = -1  # the wrapper itself was killed (e.g. out of memory)
     return log, yml, code
 
 
 def judge(itype: InstanceType, out: str, granted_cpus: float | None, limits_problems: list[str]) -> Verdict:
+    """The verdict on a stress run's output (a ParseError of unreadable output is a
+    failed check: the tool ran and produced garbage)."""
     log, yml, code = split_output(out)
     th = thresholds(itype)
     try:
         res = parse_stress_ng(yml, log)
     except ParseError as e:
         return Verdict(False, [f"stress-ng output unreadable: {e}"], {"exit_code": float(code)})
-    v = judge_stress(res, code, th, granted_cpus)
+    v = judge_stress(
+        res,
+        code,
+        {"cpu": th["StressCpuBogoOpsPerCpuSecond"], "vm": th["StressVmBogoOpsPerCpuSecond"]},
+        per="cpu",
+        granted_cpus=granted_cpus,
+    )
     v.reasons += limits_problems
     v.passed = not v.reasons
     return v
 
 
-def judge_stress(res, code: int, th: dict[str, float], granted_cpus: float | None) -> Verdict:
-    from .parsers import judge_stress as js
+# --------------------------------------------------------------------------
+# stress-ng
+# --------------------------------------------------------------------------
 
-    return js(res, code, {"cpu": th["StressCpuBogoOpsPerCpuSecond"], "vm": th["StressVmBogoOpsPerCpuSecond"]},
-              per="cpu", granted_cpus=granted_cpus)
-
-
-def run_stress(cluster: Cluster, sc: sidecar.Sidecar, itype: InstanceType, opts: StressOptions) -> tuple[Verdict, str]:
-    """Run the stress (and on GPU nodes the GPU checks) in the node's check container."""
-    res = sidecar.run(cluster, sc, stress_command(opts, sc.limits.granted_cpus))
-    out = res.output
-    _, _, code = split_output(out)
-    used = None
-    v = judge(itype, out, sc.limits.granted_cpus, [])
-    used = v.figures.get("cpus_used_total")
-    v.reasons += grant_problems(itype, sc.limits, used)
-    if code == -1 and res.exit_code != 0:
-        v.reasons.append(f"the check's shell was killed (exit {res.exit_code}): out of memory?")
-    if itype.gpus:
-        gv, gout = run_gpu(cluster, sc, itype, opts)
-        v.reasons += gv.reasons
-        v.figures.update({f"gpu.{k}": x for k, x in gv.figures.items()})
-        out += "\n\n==== GPU ====\n" + gout
-    v.passed = not v.reasons
-    return v, out
+STRESS_NG_EXIT_CODES: Mapping[int, str] = {
+    0: "success",
+    1: "bad options or usage error",
+    2: "one or more stressors failed",
+    3: "a stressor could not initialise its resources (e.g. out of memory)",
+    4: "a stressor is not implemented on this system",
+    5: "killed by a signal",
+    6: "no bogo-op metrics were produced",
+    7: "metrics untrustworthy (bogo-op counters corrupted)",
+}
 
 
-def run_gpu(cluster: Cluster, sc: sidecar.Sidecar, itype: InstanceType, opts: StressOptions) -> tuple[Verdict, str]:
-    """`nvidia-smi -L` against the type's GPU count, then `dcgmi diag -r LEVEL -j` in the
-    DCGM image (HP_DCGM_IMAGE; nothing can be pulled here, so it is configurable)."""
+def stress_ng_exit_reason(exit_code: int) -> str:
+    if exit_code in STRESS_NG_EXIT_CODES:
+        return STRESS_NG_EXIT_CODES[exit_code]
+    if exit_code > 128:
+        return f"terminated by signal {exit_code - 128}"
+    return f"unexpected exit status {exit_code}"
+
+
+@dataclass(frozen=True)
+class StressMetric:
+    """One stressor's metrics as stress-ng reports them, all instances together.
+
+    bogo_ops: bogo operations done by all instances.
+    wall_s: wall-clock run time ("real time"; the instances' mean).
+    usr_s, sys_s: user and system CPU time, summed over instances.
+    reported_per_s_real: stress-ng's "bogo ops/s (real time)" = bogo_ops / wall_s.
+    reported_per_s_cpu: stress-ng's "bogo ops/s (usr+sys time)"; None if absent.
+    cpu_usage_pct_per_instance: CPU use of one instance in % of one CPU; None
+        when only the log was available.
+    instances: instance count from the log ("dispatching hogs: 2 cpu") or
+        derived from cpu-usage-per-instance; None when unknown.
+
+    Derived:
+    cpu_s: usr_s + sys_s, the CPU time the stressor actually got.
+    per_wall_s: bogo-ops per wall second: what the node delivered.
+    per_cpu_s: bogo-ops per CPU second: how fast the CPU was while it ran.
+    cpus_used: cpu_s / wall_s, CPUs the stressor occupied on average.
+
+    A stressor that got less CPU than it asked for (a cgroup quota below its
+    instance count, or CPUs shared with sibling containers) has a low
+    per_wall_s but a normal per_cpu_s; a slow or sick CPU has both low.
+    """
+
+    stressor: str
+    bogo_ops: float
+    wall_s: float
+    usr_s: float
+    sys_s: float
+    reported_per_s_real: float
+    reported_per_s_cpu: float | None = None
+    cpu_usage_pct_per_instance: float | None = None
+    instances: int | None = None
+
+    @property
+    def cpu_s(self) -> float:
+        return self.usr_s + self.sys_s
+
+    @property
+    def per_wall_s(self) -> float:
+        return (
+            self.bogo_ops / self.wall_s if self.wall_s > 0 else self.reported_per_s_real
+        )
+
+    @property
+    def per_cpu_s(self) -> float:
+        if self.cpu_s > 0:
+            return self.bogo_ops / self.cpu_s
+        return self.reported_per_s_cpu or 0.0
+
+    @property
+    def cpus_used(self) -> float:
+        return self.cpu_s / self.wall_s if self.wall_s > 0 else 0.0
+
+
+@dataclass
+class StressResult:
+    """Parsed stress-ng run.
+
+    metrics: per stressor, in output order (from the YAML; from the log's
+        "metrc:" lines when the YAML has none).
+    version: stress-ng version from the YAML system-info, else None.
+    instances: per stressor, from the log's "dispatching hogs:" line.
+    passed, failed, skipped, untrustworthy: stressor names from the log's
+        summary lines (stress-ng >= 0.16 prints them; older ones do not).
+    fail_lines: log lines at level "fail" or "error" (verification failures,
+        corrupted counters, ...), without the "stress-ng: fail: [pid]" prefix.
+    completed: True for "successful run completed", False for
+        "unsuccessful run completed", None when neither line is present.
+    other_lines: log lines without the "stress-ng: level: [pid]" prefix, such
+        as option errors ("cpu-method must be one of: ...").
+    """
+
+    metrics: dict[str, StressMetric] = field(default_factory=dict)
+    version: str | None = None
+    instances: dict[str, int] = field(default_factory=dict)
+    passed: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    untrustworthy: list[str] = field(default_factory=list)
+    fail_lines: list[str] = field(default_factory=list)
+    completed: bool | None = None
+    other_lines: list[str] = field(default_factory=list)
+
+
+_SNG_LOG = re.compile(r"^stress-ng:\s*([\w-]+):\s*\[\d+\]\s?(.*)$")
+_SNG_SUMMARY = re.compile(
+    r"^(passed|failed|skipped|metrics untrustworthy):\s*(\d+)(?::\s*(.*))?$"
+)
+_SNG_NAMES = re.compile(r"([\w-]+) \(\d+\)")
+_SNG_SECTION = re.compile(r"^([A-Za-z][\w-]*):\s*$")
+_SNG_KV = re.compile(r"^\s*(?:-\s+)?([\w-]+):\s*(.*?)\s*$")
+
+
+def _yaml_metric_items(yaml_text: str) -> tuple[list[dict[str, str]], str | None]:
+    """The ``metrics:`` list and stress-ng-version of a stress-ng YAML file.
+
+    Read line by line rather than with a YAML library: stress-ng 0.19.02
+    writes ``source-date-epoch:`` unindented inside build-info, which makes
+    the file invalid YAML (see tests/fixtures/stress-ng-pass.yaml).
+    """
+    items: list[dict[str, str]] = []
+    version = None
+    section = ""
+    for line in yaml_text.splitlines():
+        if line.strip() in ("---", "..."):
+            section = ""
+            continue
+        if m := _SNG_SECTION.match(line):
+            section = m.group(1)
+            continue
+        m = _SNG_KV.match(line)
+        if not m:
+            continue
+        key, value = m.group(1), m.group(2).strip("'\"")
+        if section == "system-info" and key == "stress-ng-version":
+            version = value
+        elif section == "metrics":
+            if key == "stressor" and line.lstrip().startswith("-"):
+                items.append({})
+            if items:
+                items[-1][key] = value
+    return items, version
+
+
+def _metric_from_yaml(
+    item: dict[str, str], instances: int | None
+) -> StressMetric | None:
+    name = item.get("stressor")
+    ops = num(item.get("bogo-ops"))
+    if not name or ops is None:
+        return None
+    wall = num(item.get("wall-clock-time")) or 0.0
+    usr = num(item.get("user-time")) or 0.0
+    sys_ = num(item.get("system-time")) or 0.0
+    pct = num(item.get("cpu-usage-per-instance"))
+    if instances is None and pct and wall > 0:
+        instances = max(1, round((usr + sys_) / wall * 100.0 / pct))
+    return StressMetric(
+        stressor=name,
+        bogo_ops=ops,
+        wall_s=wall,
+        usr_s=usr,
+        sys_s=sys_,
+        reported_per_s_real=num(item.get("bogo-ops-per-second-real-time")) or 0.0,
+        reported_per_s_cpu=num(item.get("bogo-ops-per-second-usr-sys-time")),
+        cpu_usage_pct_per_instance=pct,
+        instances=instances,
+    )
+
+
+def parse_stress_ng(yaml_text: str | None, log_text: str | None = None) -> StressResult:
+    """Parse stress-ng's ``--yaml`` file and (optionally) its stderr log.
+
+    Metrics come from the YAML; when it has none (missing, or stress-ng died
+    before writing it) they come from the log's "metrc:" table, which has the
+    same figures rounded to 2 decimals. Raises ParseError only when both
+    texts are empty.
+    """
+    if not (yaml_text or "").strip() and not (log_text or "").strip():
+        raise ParseError("stress-ng: no YAML and no log")
+    res = StressResult()
+    log_metrics: list[StressMetric] = []
+    for line in (log_text or "").splitlines():
+        m = _SNG_LOG.match(line.strip())
+        if not m:
+            if line.strip():
+                res.other_lines.append(line.strip())
+            continue
+        level, msg = m.group(1), m.group(2).strip()
+        if level in ("fail", "error"):
+            res.fail_lines.append(msg)
+        elif level == "metrc":
+            tok = msg.split()
+            if len(tok) == 7 and all(num(t) is not None for t in tok[1:]):
+                ops, real, usr, sys_, per_real, per_cpu = (float(t) for t in tok[1:])
+                log_metrics.append(
+                    StressMetric(tok[0], ops, real, usr, sys_, per_real, per_cpu)
+                )
+        elif msg.startswith("dispatching hogs:"):
+            for part in msg.split(":", 1)[1].split(","):
+                bits = part.split()
+                if len(bits) == 2 and bits[0].isdigit():
+                    res.instances[bits[1]] = int(bits[0])
+        elif s := _SNG_SUMMARY.match(msg):
+            names = _SNG_NAMES.findall(s.group(3) or "")
+            target = {
+                "passed": res.passed,
+                "failed": res.failed,
+                "skipped": res.skipped,
+            }.get(s.group(1), res.untrustworthy)
+            target.extend(names)
+        elif "successful run completed" in msg:
+            res.completed = not msg.startswith("unsuccessful")
+
+    items, res.version = _yaml_metric_items(yaml_text or "")
+    for item in items:
+        parsed = _metric_from_yaml(item, res.instances.get(item.get("stressor", "")))
+        if parsed:
+            res.metrics[parsed.stressor] = parsed
+    if not res.metrics:
+        for metric in log_metrics:
+            res.metrics[metric.stressor] = replace(
+                metric, instances=res.instances.get(metric.stressor)
+            )
+    return res
+
+
+def explain_cpu_time(result: StressResult, granted_cpus: float | None = None) -> str:
+    """Say where a low bogo-ops/s (wall) comes from, using the CPU time the
+    stressors actually got (usr+sys) against what they asked for (one CPU per
+    instance) and, when known, the CPUs the node is granted (its cgroup quota
+    or cpuset size).
+
+    - got (almost) every CPU-second asked for: the CPU itself was slow;
+    - used up the node's grant: limited by the node's own CPU quota;
+    - got less than the grant: waited for CPUs held by other processes or
+      sibling containers on the same host.
+    """
+    used = sum(m.cpus_used for m in result.metrics.values())
+    demand_known = all(m.instances for m in result.metrics.values())
+    demand = (
+        float(sum(m.instances or 0 for m in result.metrics.values()))
+        if demand_known
+        else None
+    )
+    if demand and used >= 0.9 * demand:
+        return f"it got the CPU time it asked for ({used:.2f} of {demand:g} CPUs): the CPU itself was slow"
+    if granted_cpus is not None and used >= 0.9 * min(
+        granted_cpus, demand or granted_cpus
+    ):
+        return (
+            f"it used its whole CPU grant ({used:.2f} of {granted_cpus:g} CPUs): "
+            "limited by the node's own CPU quota"
+        )
+    if granted_cpus is not None:
+        return (
+            f"it got only {used:.2f} of the {granted_cpus:g} CPUs granted to the node: "
+            "it waited for CPUs held by other processes or sibling containers"
+        )
+    asked = f" of the {demand:g} CPUs it asked for" if demand else " CPUs"
+    return (
+        f"it got only {used:.2f}{asked}: the node's CPU quota is smaller, "
+        "or it waited for CPUs held by other processes or sibling containers"
+    )
+
+
+def judge_stress(
+    result: StressResult,
+    exit_code: int,
+    min_bogo_ops_per_s: Mapping[str, float],
+    *,
+    per: Literal["wall", "cpu"] = "wall",
+    granted_cpus: float | None = None,
+) -> Verdict:
+    """Judge a stress-ng run.
+
+    Fails on a non-zero exit status, "fail"/"error" log lines, stressors the
+    log lists as failed or untrustworthy, missing metrics, a stressor with
+    zero bogo-ops, or a stressor below its threshold in min_bogo_ops_per_s.
+
+    per="wall" compares bogo-ops per wall second (what the node delivered);
+    per="cpu" compares bogo-ops per CPU second (usr+sys), so a node that
+    merely waited for CPU (quota, sibling containers) is not blamed for it;
+    thresholds must then be per CPU second. Either way both rates, the CPUs
+    used and (when a rate is low) the explanation of explain_cpu_time go into
+    the verdict; granted_cpus sharpens that explanation.
+    """
     reasons: list[str] = []
-    smi = sidecar.run(cluster, sc, "nvidia-smi -L")
-    seen = sum(1 for ln in smi.output.splitlines() if ln.startswith("GPU "))
-    if seen != itype.gpus:
-        reasons.append(f"nvidia-smi -L lists {seen} GPU(s), {itype.name} has {itype.gpus}")
-    figures = {"gpus_seen": float(seen), "gpus_expected": float(itype.gpus)}
-    image = os.environ.get("HP_DCGM_IMAGE", "nvcr.io/nvidia/cloud-native/dcgm:latest")
-    out = smi.output
-    try:
-        node = next(c for c in cluster.p.containers(cluster.name) if c.labels.get("io.hp.node") == sc.node
-                    and c.labels.get("io.hp.role") == "worker")
-        dsc = sidecar.start(cluster, node, image, "dcgm")
-        try:
-            d = sidecar.run(cluster, dsc, ["dcgmi", "diag", "-r", str(opts.dcgm_level), "-j"])
-        finally:
-            sidecar.stop(cluster, dsc)
-        out += "\n" + d.output
-        dv = judge_dcgm(parse_dcgm(d.output), d.exit_code)
-        reasons += dv.reasons
-        figures.update(dv.figures)
-    except (ParseError, StopIteration, Exception) as e:  # noqa: BLE001 - no DCGM image is a failed check
-        reasons.append(f"DCGM diagnostics did not run: {str(e)[:200]}")
-    return Verdict(not reasons, reasons, figures), out
+    figures: dict[str, float] = {"exit_code": float(exit_code)}
+    if exit_code != 0:
+        detail = (
+            f" ({result.other_lines[0][:200]})"
+            if exit_code == 1 and result.other_lines
+            else ""
+        )
+        reasons.append(
+            f"stress-ng exited {exit_code}: {stress_ng_exit_reason(exit_code)}{detail}"
+        )
+    for line in result.fail_lines[:5]:
+        reasons.append(f"stress-ng reported: {line}")
+    if len(result.fail_lines) > 5:
+        reasons.append(f"... and {len(result.fail_lines) - 5} more failure lines")
+    if result.failed:
+        reasons.append(f"stressors failed: {', '.join(result.failed)}")
+    if result.untrustworthy:
+        reasons.append(
+            f"stressor metrics untrustworthy: {', '.join(result.untrustworthy)}"
+        )
+    if not result.metrics:
+        reasons.append("stress-ng produced no metrics")
+    if granted_cpus is not None:
+        figures["granted_cpus"] = float(granted_cpus)
+
+    slow = False
+    for name, m in result.metrics.items():
+        figures[f"{name}.bogo_ops"] = m.bogo_ops
+        figures[f"{name}.bogo_ops_per_s_wall"] = m.per_wall_s
+        figures[f"{name}.bogo_ops_per_s_cpu"] = m.per_cpu_s
+        figures[f"{name}.cpus_used"] = m.cpus_used
+        if m.bogo_ops <= 0:
+            reasons.append(f"stressor {name} did no work (0 bogo-ops)")
+        elif m.wall_s <= 0:
+            reasons.append(
+                f"stressor {name} has no run time in its metrics: the figures are lost"
+            )
+    for name, threshold in min_bogo_ops_per_s.items():
+        figures[f"{name}.min_bogo_ops_per_s_{per}"] = float(threshold)
+        got = result.metrics.get(name)
+        if got is None:
+            reasons.append(f"no metrics for stressor {name}")
+            continue
+        rate = got.per_cpu_s if per == "cpu" else got.per_wall_s
+        if rate < threshold and got.bogo_ops > 0 and got.wall_s > 0:
+            slow = True
+            reasons.append(
+                f"stressor {name}: {rate:.2f} bogo-ops/s ({per}) is below {threshold:g} "
+                f"[{got.per_wall_s:.2f}/s wall, {got.per_cpu_s:.2f}/s per CPU-second, "
+                f"{got.cpus_used:.2f} CPUs used]"
+            )
+    if result.metrics:
+        figures["cpus_used_total"] = sum(m.cpus_used for m in result.metrics.values())
+    if slow:
+        reasons.append("CPU time: " + explain_cpu_time(result, granted_cpus))
+    return verdict(reasons, figures)

@@ -1,11 +1,12 @@
 """The detached process that runs one health-check request:
 python -m orchestrator.health.worker CLUSTER REQUEST_ID"""
+
 from __future__ import annotations
 
 import sys
 import traceback
 
-from ..cluster import Cluster, Env
+from ..cluster.context import Cluster, Env
 from .engine import Options, run_and_record
 from .records import Records
 from .stress import StressOptions
@@ -13,10 +14,13 @@ from .stress import StressOptions
 
 def options(o: dict) -> Options:
     """The engine's options from a request's recorded options (CLI names)."""
-    return Options(checks=[], wait_idle_timeout=float(o.get("wait_idle_timeout", 600)),
-                   stress=StressOptions(seconds=int(o.get("stress_seconds", 3)), vm_bytes=o.get("vm_bytes", "64M"),
-                                        dcgm_level=int(o.get("dcgm_level", 2))),
-                   recovery_wait=float(o.get("recovery_wait", 90)))
+    return Options(
+        checks=[],
+        wait_idle_timeout=float(o.get("wait_idle_timeout", 600)),
+        stress=StressOptions(seconds=int(o.get("stress_seconds", 3)), vm_bytes=str(o.get("vm_bytes", "64M"))),
+        dcgm_level=int(o.get("dcgm_level", 2)),
+        recovery_wait=float(o.get("recovery_wait", 90)),
+    )
 
 
 def main(name: str, rid: str) -> int:
@@ -29,7 +33,7 @@ def main(name: str, rid: str) -> int:
     opts.checks = req.checks
     try:
         run_and_record(Cluster(env, name), rid, req.nodes, opts)
-    except BaseException:  # noqa: BLE001 - run_and_record recorded why; log it and end
+    except BaseException:  # run_and_record recorded why; log it and end
         traceback.print_exc()
         return 1
     return 0

@@ -186,7 +186,7 @@ def test_action_and_example_workflow(hp: Hp, tmp_path: Path, saved_images: tuple
 
 
 def _containers(name: str) -> list[Any]:
-    from orchestrator.provider import DockerProvider
+    from orchestrator.docker.engine import DockerEngine as DockerProvider
 
     return DockerProvider().containers(name)
 
@@ -235,7 +235,7 @@ def test_logs_of_failed_create_kept_with_retain(hp: Hp, tmp_path: Path) -> None:
     r = hp("create", "-f", str(write_spec(tmp_path / "s.json", doc)), "--retain", "--timeout", "60")
     assert r.returncode == 1, r.stderr
     key = (hp.home / "clusters" / name / "slurm.key").read_bytes()
-    from orchestrator.provider import DockerProvider
+    from orchestrator.docker.engine import DockerEngine as DockerProvider
 
     p = DockerProvider()
     p.kill(f"hp-{name}-controller-1")  # a stopped container too: read with get_archive, not exec
@@ -266,7 +266,7 @@ def test_images_save_and_load(hp: Hp, tmp_path: Path, saved_images: tuple[Path, 
     doc = json.loads(r.stdout)
     check_schema("images-load", doc)
     assert doc["KeyMatches"] is True
-    from orchestrator.provider import DockerProvider
+    from orchestrator.docker.engine import DockerEngine as DockerProvider
 
     p = DockerProvider()
     assert all(p.image_id(i["Ref"]) == i["Id"] for i in doc["Images"])  # present, same ids

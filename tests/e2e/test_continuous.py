@@ -6,14 +6,12 @@ import json
 import re
 import os
 import signal
-import subprocess
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 
-from orchestrator.provider import DockerProvider
+from orchestrator.docker.engine import DockerEngine as DockerProvider
 from tests.conftest import small_spec, write_spec
 
 
@@ -101,7 +99,7 @@ def test_shortage_all_or_nothing_rolls_back(hp, tmp_path, types):
 def test_container_exiting_at_start_is_retried_until_fixed(hp, tmp_path, types):
     ta, _ = types
     p = DockerProvider()
-    from orchestrator.images import Images
+    from orchestrator.docker.images import Images
 
     worker = Images(p).refs()["worker"]
     bad = f"hp-test-broken:{uuid.uuid4().hex[:8]}"

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from orchestrator.provider import DockerProvider
+from orchestrator.docker.engine import DockerEngine as DockerProvider
 from tests.conftest import small_spec, write_spec
 
 

@@ -1,9 +1,8 @@
 """Automatic node recovery with real faults: docker kill, pkill slurmd, Slurm's own
 Action:Reboot / Action:Replace requests, and `hp reboot` / `hp replace` by hand.
 
-The recovery watcher runs in the per-cluster agent (orchestrator/agent.py, started by
-`hp create`). Without an agent, set OWN_WATCHER = True: each test then runs
-`python -m orchestrator.watch NAME` beside its cluster.
+The recovery watcher runs in the per-cluster agent (orchestrator/agent, started by
+`hp create`).
 """
 from __future__ import annotations
 
@@ -14,10 +13,8 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from orchestrator.slurm import SlurmNode, parse_nodes
-from conftest import ROOT, Hp, small_spec, write_spec
-
-OWN_WATCHER = False  # True: run `python -m orchestrator.watch NAME` beside each cluster (no agent)
+from orchestrator.slurm.model import SlurmNode, parse_nodes
+from conftest import Hp, small_spec, write_spec
 
 
 @pytest.fixture
@@ -30,29 +27,17 @@ def docker_client() -> Any:
 @pytest.fixture
 def cluster(hp: Hp, tmp_path: Any, docker_client: Any) -> Iterator[Callable[..., str]]:
     """Make a small cluster (controller + `workers` cpu.nano workers) with recovery watching it."""
-    procs: list[subprocess.Popen[bytes]] = []
 
     def make(workers: int = 2, login: bool = False, **top: Any) -> str:
         name = hp.name("rc")
         spec = write_spec(tmp_path / f"{name}.json", small_spec(name, [("cpu", "cpu.nano", workers)], login=login, **top))
         hp("create", "-f", str(spec), "--timeout", "120", check=True)
-        if OWN_WATCHER:
-            procs.append(subprocess.Popen([sys.executable, "-m", "orchestrator.watch", name], env=hp.env, cwd=ROOT,
-                                          stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"{name}.watch.log", "wb")))
-            time.sleep(1.0)  # let it subscribe to Docker events
         return name
 
     try:
         yield make
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        for log in [*tmp_path.glob("*.watch.log"), *hp.home.glob("clusters/*/agent.log")]:
+        for log in hp.home.glob("clusters/*/agent.log"):
             sys.stderr.write(f"--- {log}\n{log.read_text()[-3000:]}")
 
 
@@ -103,7 +88,7 @@ def scontrol(client: Any, name: str, *args: str) -> None:
 
 
 def events(hp: Hp, name: str) -> list[str]:
-    from orchestrator.state import Store
+    from orchestrator.state.store import Store
 
     store = Store(hp.home)
     try:

@@ -3,21 +3,23 @@ from __future__ import annotations
 
 import threading
 
-from orchestrator.catalogue import InstanceType
-from orchestrator.cluster import ONSTART_REASON
-from orchestrator.health.logic import (CpuBudget, NodeLimits, claim, grant_problems, idle_drained, implicated,
-                                       is_ours, node_limits, reason, ring_pairs, thresholds, validate_checks)
-from orchestrator.health.stress import judge, split_output, stress_command, StressOptions
-from orchestrator.slurm import SlurmNode
+from orchestrator.docker.views import Limits as NodeLimits
+from orchestrator.health.limits import CpuBudget, grant_problems, thresholds
+from orchestrator.health.logic import claim, implicated, ring_pairs, validate_checks
+from orchestrator.health.stress import StressOptions, judge, split_output, stress_command
+from orchestrator.slurm.model import ONSTART_REASON, SlurmNode
+from orchestrator.slurm.model import health_reason as reason
+from orchestrator.slurm.model import is_health_reason as is_ours
+from orchestrator.spec.catalogue import InstanceType
 
 NANO = InstanceType("cpu.nano", 1, 0.05, 256, health={"IperfGbps": 0.2})
 
 
-def test_limits_from_inspect():
-    assert node_limits({"HostConfig": {"NanoCpus": 50_000_000, "Memory": 256 * 2**20}}).granted_cpus == 0.05
-    lim = node_limits({"HostConfig": {"CpuQuota": 1000, "CpuPeriod": 100000, "Memory": 40 * 2**20}})
+def test_limits_granted():
+    assert NodeLimits(nano_cpus=50_000_000, memory_bytes=256 * 2**20).granted_cpus == 0.05
+    lim = NodeLimits(cpu_quota=1000, cpu_period=100000, memory_bytes=40 * 2**20)
     assert lim.granted_cpus == 0.01 and lim.memory_mib == 40
-    assert NodeLimits().granted_cpus is None
+    assert NodeLimits().granted_cpus is None and NodeLimits().memory_mib is None
 
 
 def test_grant_problems_name_the_own_quota_and_memory():
@@ -81,8 +83,8 @@ def test_on_start_nodes_are_left_to_the_on_start_check():
 
 
 def test_idle_drained_and_reasons():
-    assert idle_drained(node(["IDLE", "DRAIN"]))
-    assert not idle_drained(node(["MIXED", "DRAIN"])) and not idle_drained(node(["IDLE"]))
+    assert node(["IDLE", "DRAIN"]).idle_drained
+    assert not node(["MIXED", "DRAIN"]).idle_drained and not node(["IDLE"]).idle_drained
     r = reason("hc-1", "InstanceStress", "slow")
     assert r == "hp-health:hc-1:InstanceStress failed: slow" and is_ours(r, "hc-1") and not is_ours(r, "hc-2")
     assert validate_checks(["InstanceStress", "Nope"]) == ["unknown check 'Nope' (checks: InstanceStress, InstanceConnectivity)"]
@@ -118,14 +120,26 @@ def test_stress_output_split_and_judged_per_cpu_second():
     assert v.passed, v.reasons
     bad = judge(NANO, out(0), 0.05, [])  # exit 0, but the memory stressor did nothing
     assert not bad.passed and any("vm did no work" in r for r in bad.reasons)
-    assert "--verify" in stress_command(StressOptions(), 0.05) and "--cpu 1 " in stress_command(StressOptions(), 0.05)
+    argv = stress_command(StressOptions(), 0.05)
+    assert "--verify" in argv and argv[argv.index("--cpu") + 1] == "1" and argv[0] == "/usr/local/bin/hp-stress"
+
+
+def test_stress_options_are_validated_and_never_reach_a_shell():
+    """The fault campaign's injection: a --vm-bytes that is a shell command is refused."""
+    bad = StressOptions(vm_bytes="16M; echo INJECTED $(id -u) #")
+    assert bad.problems() and "--vm-bytes must be a size" in bad.problems()[0]
+    assert StressOptions(vm_bytes="64M").problems() == [] and StressOptions(vm_bytes="50%").problems() == []
+    assert StressOptions(vm_bytes="1g").problems() == [] and StressOptions(vm_bytes="0M").problems()
+    assert StressOptions(seconds=0).problems() and StressOptions(seconds=10**6).problems()
+    # even a value that slipped through is one argv element, never interpreted
+    assert "16M; echo x" in stress_command(StressOptions(vm_bytes="16M; echo x"), 1)
 
 
 def test_concurrent_results_get_their_own_rows(tmp_path):
     from concurrent.futures import ThreadPoolExecutor
 
     from orchestrator.health.records import Records, Result
-    from orchestrator.state import Store
+    from orchestrator.state.store import Store
 
     rec = Records(Store(tmp_path))
     rows = list(ThreadPoolExecutor(8).map(

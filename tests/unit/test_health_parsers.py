@@ -1,4 +1,4 @@
-"""Unit tests for orchestrator.health.parsers, on real tool outputs (see
+"""Unit tests for the health-check tool parsers (orchestrator.health.{dcgm,nccl,stress,iperf,mpi}), on real tool outputs (see
 tests/fixtures/README.md for where each fixture comes from)."""
 
 from __future__ import annotations
@@ -8,22 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.health.parsers import (
-    ParseError,
-    dcgmi_exit_reason,
-    explain_cpu_time,
-    judge_dcgm,
-    judge_iperf3,
-    judge_mpi_allreduce,
-    judge_nccl,
-    judge_stress,
-    parse_dcgm,
-    parse_iperf3,
-    parse_mpi_allreduce,
-    parse_nccl_tests,
-    parse_stress_ng,
-    stress_ng_exit_reason,
-)
+from orchestrator.health.dcgm import dcgmi_exit_reason, judge_dcgm, parse_dcgm
+from orchestrator.health.iperf import judge_iperf3, parse_iperf3
+from orchestrator.health.mpi import judge_mpi_allreduce, parse_mpi_allreduce
+from orchestrator.health.nccl import judge_nccl, parse_nccl_tests
+from orchestrator.health.stress import explain_cpu_time, judge_stress, parse_stress_ng, stress_ng_exit_reason
+from orchestrator.health.verdict import ParseError
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 GiB = 1 << 30

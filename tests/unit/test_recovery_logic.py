@@ -1,14 +1,14 @@
-"""Unit tests for the recovery decision table and guards (orchestrator.watch), pure logic."""
+"""Unit tests for the recovery decision table and guards (orchestrator.recovery), pure logic."""
 from __future__ import annotations
 
 import threading
 
 import pytest
 
-from orchestrator.recovery import needs_resume
-from orchestrator.slurm import SlurmNode
-from orchestrator.watch import (NONE, REBOOT, RECOVER, REPLACE, RULES, RecoveryWatcher, Seen, container_condition,
-                                decide, guard, slurm_condition)
+from orchestrator.recovery.rules import (NONE, REBOOT, RECOVER, REPLACE, RULES, Seen, container_condition, decide,
+                                         guard, slurm_condition)
+from orchestrator.recovery.watcher import RecoveryWatcher
+from orchestrator.slurm.model import SlurmNode
 
 
 def sn(*state: str, reason: str = "") -> SlurmNode:
@@ -105,13 +105,14 @@ def test_guard(recorded, busy, last_done, retry_at, now, blocked):
     (sn("IDLE", "DYNAMIC_NORM"), False),
 ])
 def test_needs_resume(node, expected):
-    assert needs_resume(node) == expected
+    assert node.needs_resume == expected
 
 
 class _Env:
     """Just enough of Env for RecoveryWatcher.consider (no Docker, no Slurm)."""
 
     provider = store = None
+    catalogue = {}
 
 
 def test_watcher_never_acts_twice_on_a_node_at_once():

@@ -12,7 +12,9 @@ import jsonschema
 import pytest
 import typer
 
-from orchestrator.ci import LogWriter, parse_dpkg_version, read_manifest
+from orchestrator.ci.images_io import read_manifest
+from orchestrator.ci.logs import LogWriter
+from orchestrator.ci.version import parse_dpkg_version
 from orchestrator.cli import app
 from orchestrator.errors import BadInput
 
@@ -52,7 +54,7 @@ def test_exit_codes_documented_in_help() -> None:
 
 
 def test_no_colour_without_tty_or_with_no_color(monkeypatch: pytest.MonkeyPatch) -> None:
-    from orchestrator import output
+    from orchestrator.cli import output
 
     class Tty:
         def isatty(self) -> bool:
@@ -117,16 +119,31 @@ def test_parse_dpkg_version() -> None:
 def test_images_key_needs_no_docker_and_tracks_inputs(tmp_path: Path) -> None:
     import shutil
 
-    from orchestrator.ci import images_key
-    from orchestrator.images import Images
+    from orchestrator.ci.images_io import images_key
+    from orchestrator.docker.images import DATA, Images
 
     class E:  # images_key reads only the build contexts
         def __init__(self, root: Path):
             self.images = Images(provider=None, root=root)  # type: ignore[arg-type]
 
-    for sub in ("images", "healthchecks"):
-        shutil.copytree(ROOT / sub, tmp_path / sub)
-    k1 = images_key(E(tmp_path))
-    assert k1 == images_key(E(ROOT)) and len(k1) == 24
+    shutil.copytree(DATA / "images", tmp_path / "images")
+    k1 = images_key(E(tmp_path / "images"))
+    assert k1 == images_key(E(DATA / "images")) and len(k1) == 24
     (tmp_path / "images" / "node" / "hp-entry").write_text("changed")
-    assert images_key(E(tmp_path)) != k1
+    assert images_key(E(tmp_path / "images")) != k1
+
+
+def test_image_tags_ignore_permission_bits_but_not_the_executable_bit(tmp_path: Path) -> None:
+    """A tree unpacked with another umask (git archive: 0664) hashes the same."""
+    import shutil
+
+    from orchestrator.docker.images import DATA, context_hash
+
+    ctx = tmp_path / "node"
+    shutil.copytree(DATA / "images" / "node", ctx)
+    before = context_hash(ctx)
+    (ctx / "Dockerfile").chmod(0o664)
+    (ctx / "hp-entry").chmod(0o775)
+    assert context_hash(ctx) == before
+    (ctx / "hp-entry").chmod(0o664)  # no longer executable: a different image
+    assert context_hash(ctx) != before

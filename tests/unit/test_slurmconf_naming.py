@@ -1,7 +1,7 @@
-from orchestrator.catalogue import load_catalogue
-from orchestrator.naming import container_name, labels, node_id, node_name
-from orchestrator.slurmconf import max_node_count, render
-from orchestrator.spec import DEFAULT_SPEC, validate
+from orchestrator.naming import container_name, labels, node_id, node_name, split_node
+from orchestrator.slurm.conf import render, slurmd_conf
+from orchestrator.spec.catalogue import load_catalogue
+from orchestrator.spec.model import DEFAULT_SPEC, validate
 
 CAT = load_catalogue()
 
@@ -29,15 +29,20 @@ def test_max_node_count_has_headroom_and_gpu_gres():
         {"InstanceGroupName": "g", "InstanceType": "gpu.8x", "InstanceCount": 100,
          "SlurmConfig": {"NodeType": "Compute", "PartitionNames": ["gpu"]}}]}
     s = validate(doc, CAT)
-    assert max_node_count(s) == 400
+    assert s.max_nodes == 400
     assert "GresTypes=gpu" in conf_lines(doc)
-    assert CAT["gpu.8x"].slurmd_conf("g") == "CPUs=32 RealMemory=65536 Features=g Gres=gpu:8"
+    assert slurmd_conf(CAT["gpu.8x"], "g") == "CPUs=32 RealMemory=65536 Features=g Gres=gpu:8"
+    assert slurmd_conf(CAT["cpu.nano"], "g", "hp-health:on-start:pending").endswith(
+        " State=DRAIN Reason=hp-health:on-start:pending")
+    # recorded with the spec, MaxNodeCount stays what the cluster was made with
+    assert validate({**doc, "MaxNodeCount": 500}, CAT).max_nodes == 500
 
 
 def test_naming():
     assert node_name("CPU-A", 3) == "cpu-a-3"
     assert container_name("lab", "cpu-a-3") == "hp-lab-cpu-a-3"
     assert node_id("0123456789abcdef0123456789") == "i-0123456789abcdef0"
+    assert split_node("cpu-a-3") == ("cpu-a", 3) and split_node("x") == ("x", 0)
     l = labels("lab", "worker", "cpu", "cpu-1", 1, "cpu.small")
     assert l["io.hp.cluster"] == "lab" and l["io.hp.role"] == "worker" and l["io.hp.node"] == "cpu-1"
     assert l["io.hp.managed"] == "1" and l["io.hp.instance-type"] == "cpu.small"

@@ -2,9 +2,10 @@ import json
 
 import pytest
 
-from orchestrator.catalogue import load_catalogue
+from orchestrator.spec.catalogue import load_catalogue
 from orchestrator.errors import BadInput
-from orchestrator.spec import DEFAULT_SPEC, load_spec_file, validate
+from orchestrator.spec.loader import load_spec_file
+from orchestrator.spec.model import DEFAULT_SPEC, validate
 
 CAT = load_catalogue()
 
@@ -125,7 +126,9 @@ def test_catalogue_extension(tmp_path, monkeypatch):
     monkeypatch.setenv("HP_INSTANCE_TYPES", str(p))
     cat = load_catalogue()
     assert cat["my.type"].vcpus == 3 and cat["cpu.small"].memory_mib == 256
-    assert cat["my.type"].slurmd_conf("grp") == "CPUs=3 RealMemory=300 Features=grp"
+    from orchestrator.slurm.conf import slurmd_conf
+
+    assert slurmd_conf(cat["my.type"], "grp") == "CPUs=3 RealMemory=300 Features=grp"
     p.write_text("broken: {VCpus: 1}\n")
     with pytest.raises(BadInput):
         load_catalogue()

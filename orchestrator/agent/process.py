@@ -1,0 +1,115 @@
+"""Process control of the per-cluster agents (used by the CLI and the library): start one
+when none runs, wake it, stop it, and the lock `hp create` holds meanwhile.
+
+One agent process per cluster (`python -m orchestrator.agent NAME`). Alive means: it
+holds the cluster's lock file.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from ..state.store import Store
+
+DEAD_STATUSES = ("Deleting", "Failed", "RollingBack")
+
+
+def paths(home: Path, name: str) -> tuple[Path, Path, Path]:
+    d = home / "clusters" / name
+    d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return d / "agent.lock", d / "agent.pid", d / "agent.log"
+
+
+class AgentProcesses:
+    """The Agents interface (cluster/context.py) on real processes."""
+
+    def __init__(self, store: Store | None = None):
+        self._store = store
+
+    def _home(self) -> Path:
+        from ..state.store import hp_home
+
+        return self._store.home if self._store is not None else hp_home()
+
+    @contextmanager
+    def creation_lock(self, name: str) -> Iterator[None]:
+        """Held by `hp create` while it makes the cluster: an agent started meanwhile (by
+        `hp nodes` in another terminal) would see it as alive and not start."""
+        lock, _, _ = paths(self._home(), name)
+        with open(lock, "a+") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    def pid(self, name: str) -> int | None:
+        """The live agent's pid, or None (-1: alive, pid unknown)."""
+        lock, pidf, _ = paths(self._home(), name)
+        with open(lock, "a+") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                try:
+                    return int(pidf.read_text().strip())
+                except (OSError, ValueError):
+                    return -1
+            fcntl.flock(f, fcntl.LOCK_UN)
+            return None
+
+    def ensure(self, name: str) -> dict[str, Any]:
+        """Start the cluster's agent if it is not running. Returns its status."""
+        store = self._store or Store()
+        row = store.cluster(name)
+        if row is None or row.status in DEAD_STATUSES:
+            return {"Alive": False, "Pid": None, "Restarted": False}
+        pid = self.pid(name)
+        if pid is not None:
+            return {"Alive": True, "Pid": pid, "Restarted": False}
+        _, _, logf = paths(self._home(), name)
+        with open(logf, "ab") as out:
+            p = subprocess.Popen(
+                [sys.executable, "-m", "orchestrator.agent", name],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                start_new_session=True,
+                close_fds=True,
+                env={**os.environ, "HP_HOME": str(self._home())},
+            )
+        return {"Alive": True, "Pid": p.pid, "Restarted": True}
+
+    def poke(self, name: str) -> None:
+        """Wake the agent now (after a spec change)."""
+        pid = self.pid(name)
+        if pid and pid > 0:
+            try:
+                os.kill(pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
+
+    def stop(self, name: str, timeout: float = 10.0) -> None:
+        pid = self.pid(name)
+        if not pid or pid < 0:
+            return
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + timeout
+        while self.pid(name) is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if self.pid(name) is not None:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            time.sleep(0.1)

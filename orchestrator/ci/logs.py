@@ -1,0 +1,136 @@
+"""`hp logs`: the evidence after a failure, one folder per node. Covers the nodes that
+exist, and those that recently existed or are waiting to (not every name ever
+recorded). The cluster's auth key never reaches a file."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from ..cluster.context import Cluster, Env
+from ..docker.views import Container
+from ..errors import NotFound
+from ..slurm.conf import render
+from ..state.phases import Phase
+
+Log = Callable[[str], None]
+RECENT_S = 3600.0  # a node removed (on purpose) within the last hour still gets a folder
+
+
+class LogWriter:
+    """Writes the files of a logs folder; the cluster's auth key never reaches a file."""
+
+    def __init__(self, root: Path, secret: bytes | None):
+        self.root = root
+        self.secret = secret or None
+        self.files: list[str] = []
+
+    def write(self, rel: str, data: bytes | str) -> None:
+        raw = data.encode() if isinstance(data, str) else data
+        if self.secret and self.secret in raw:
+            raw = raw.replace(self.secret, b"<hp: auth key removed>")
+        path = self.root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(raw)
+        self.files.append(rel)
+
+    def json(self, rel: str, doc: Any) -> None:
+        self.write(rel, json.dumps(doc, indent=2, default=str) + "\n")
+
+
+def nodes_to_collect(containers: dict[str, Container], recorded: dict[str, tuple[str, str, float]], now: float) -> list[str]:
+    """Nodes with a container, and recorded ones that are not long gone."""
+    keep = set(containers)
+    for n, (phase, _, t) in recorded.items():
+        if phase != Phase.REMOVED.value or now - t < RECENT_S:
+            keep.add(n)
+    return sorted(keep)
+
+
+def export_logs(env: Env, name: str, directory: Path, log: Log = lambda s: None) -> dict[str, Any]:
+    """Everything worth reading after a failure, one folder per node. Works on half-made
+    and failed clusters: stopped containers are read with get_archive, not exec."""
+    p = env.provider
+    p.ping()
+    row = env.store.cluster(name)
+    containers = p.containers(name)
+    if row is None and not containers:
+        raise NotFound(f"cluster {name!r} does not exist (see 'hp list')")
+    cluster = Cluster(env, name)
+    key_path = env.store.home / "clusters" / name / "slurm.key"
+    secret = key_path.read_bytes() if key_path.is_file() else None
+    w = LogWriter(directory, secret)
+    directory.mkdir(parents=True, exist_ok=True)
+    by_node = {c.node or c.name: c for c in containers if c.role != "check"}
+    ctl = next((c for c in containers if c.role == "controller"), None)
+    ctl_up = ctl is not None and ctl.running
+    recorded = env.store.latest_phases(name) if row else {}
+    nodes = nodes_to_collect(by_node, recorded, time.time())
+    for node in nodes:
+        log(f"collecting {node}")
+        _node_logs(cluster, w, node, by_node.get(node), recorded.get(node), ctl_up)
+    if row is not None:
+        w.json(
+            "cluster.json",
+            {"ClusterName": name, "ClusterStatus": row.status, "FailureMessage": row.message or None, "Spec": row.spec},
+        )
+        w.json("events.json", [e.as_dict() for e in env.store.events(name, limit=10_000)])
+        w.write("slurm.conf", _slurm_conf(cluster, ctl))
+        health = _health_results(env, name)
+        if health:
+            w.json("health-checks.json", health)
+    if ctl_up:
+        for fname, text in cluster.slurm.overview().items():
+            w.write(fname, text)
+    return {"ClusterName": name, "Directory": str(directory), "Nodes": nodes, "Files": sorted(w.files)}
+
+
+def _node_logs(
+    cluster: Cluster, w: LogWriter, node: str, c: Container | None, recorded: tuple[str, str, float] | None, ctl_up: bool
+) -> None:
+    p = cluster.p
+    phase = {"RecordedStatus": recorded[0] if recorded else None, "Message": recorded[1] if recorded else None}
+    if c is None:  # recorded by hp but has no container (e.g. launch failed, or removed)
+        w.json(f"{node}/status.json", {"Node": node, "Container": None, **phase})
+        return
+    d = p.inspect(c.id)
+    w.json(
+        f"{node}/status.json",
+        {"Node": node, "Container": c.name, "Image": d.image, "Labels": c.labels, "State": d.state.as_dict(), **phase},
+    )
+    w.write(f"{node}/container.log", p.logs(c.id))
+    for fname, data in p.get_dir(c.id, "/var/log/slurm").items():
+        if fname.endswith(".log"):
+            w.write(f"{node}/{fname}", data)
+    if ctl_up and c.role == "worker":
+        w.write(f"{node}/scontrol-show-node.txt", cluster.slurm.show_node(node))
+
+
+def _slurm_conf(cluster: Cluster, ctl: Container | None) -> bytes:
+    """The controller's slurm.conf as it was given to slurmctld; rendered from the spec
+    when there is no controller container. The key lives in its own file (slurm.key)."""
+    if ctl is not None:
+        data = cluster.p.get_dir(ctl.id, "/etc/slurm/slurm.conf")
+        if data:
+            return next(iter(data.values()))
+    return render(cluster.spec, cluster.env.catalogue).encode()
+
+
+def _health_results(env: Env, name: str) -> list[dict[str, Any]]:
+    """The deep health checks hp recorded for the cluster: requests and per-node results."""
+    from ..health.records import Records
+
+    rec = Records(env.store)
+    return [
+        {
+            "RequestId": r.id,
+            "State": r.state,
+            "Checks": r.checks,
+            "Nodes": r.nodes,
+            "Message": r.message,
+            "Results": [x.as_dict() for x in rec.results(r.id)],
+        }
+        for r in rec.requests(name)
+    ]

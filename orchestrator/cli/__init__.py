@@ -1,0 +1,66 @@
+"""`hp`: HyperPod-style Slurm clusters on Docker. A thin CLI over the library: parsing,
+output and exit codes only. Every command module lists its commands (COMMANDS) and
+command groups (GROUPS); they are registered in one place, below.
+
+Exit codes: 0 success, 1 operation failed, 2 bad input, 3 timeout waiting.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from ..errors import HpError
+from . import ci, cluster, health, images, recovery, scale
+from .common import EXIT_CODES
+from .output import Out
+
+app = typer.Typer(
+    name="hp",
+    help="HyperPod-style Slurm clusters on Docker: continuous provisioning, deep health checks, "
+    f"node recovery.\n\n{EXIT_CODES}",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _register() -> None:
+    for m in (cluster, scale, health, recovery, ci, images):
+        for name, fn, *rest in getattr(m, "COMMANDS", ()):
+            settings = rest[0] if rest else None
+            help_text = rest[1] if len(rest) > 1 else None
+            app.command(name, context_settings=settings, help=help_text)(fn)
+        for name, group in getattr(m, "GROUPS", ()):
+            app.add_typer(group, name=name)
+
+
+_register()
+
+# click's usage errors (typer vendors click as typer._click, so they are told apart by name)
+USAGE_ERRORS = ("UsageError", "BadParameter", "NoSuchOption", "MissingParameter", "BadOptionUsage", "BadArgumentUsage")
+
+
+def main() -> None:
+    out = Out()
+    try:
+        rc = app(standalone_mode=False)
+        sys.exit(rc if isinstance(rc, int) else 0)
+    except HpError as e:
+        out.error(str(e))
+        sys.exit(e.exit_code)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        out.error("interrupted")
+        sys.exit(130)
+    except Exception as e:  # the command-line parser's own errors; anything else is a bug: traceback
+        kind = type(e).__name__
+        if kind in USAGE_ERRORS and hasattr(e, "show"):
+            e.show()
+            sys.exit(2)
+        if kind == "Abort":
+            sys.exit(130)
+        raise

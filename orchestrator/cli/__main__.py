@@ -1,0 +1,5 @@
+"""python -m orchestrator.cli ...: the `hp` command."""
+
+from . import main
+
+main()

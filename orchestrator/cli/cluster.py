@@ -1,0 +1,222 @@
+"""`hp create`, `list`, `describe`, `nodes`, `exec`, `delete`, `version`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from ..errors import BadInput
+from .common import CliProgress, JsonOpt, env
+from .output import Out
+
+
+def create(
+    spec_file: Optional[Path] = typer.Option(
+        None, "-f", "--file", help="Cluster spec (YAML or JSON, CreateCluster shape). Default: the built-in cluster."
+    ),
+    name: Optional[str] = typer.Option(None, "--name", help="Cluster name (overrides ClusterName)."),
+    mode: Optional[str] = typer.Option(
+        None, "--mode", help="continuous or all-or-nothing (overrides NodeProvisioningMode)."
+    ),
+    wait: bool = typer.Option(
+        True, "--wait/--no-wait", help="Wait until every node is idle in Slurm (continuous: until InService)."
+    ),
+    timeout: float = typer.Option(300, "--timeout", help="Seconds to wait."),
+    retain: bool = typer.Option(False, "--retain", help="Keep a failed cluster's containers for debugging."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Validate the spec (and the host's capacity) only."),
+    json_out: bool = JsonOpt,
+) -> None:
+    """Create a cluster: controller first, then login and compute groups in parallel."""
+    from ..cluster.create import CreateOptions, capacity_problems
+    from ..cluster.create import create as do_create
+    from ..cluster.query import describe
+    from ..spec.loader import load_spec_file
+    from ..spec.model import DEFAULT_SPEC, with_overrides
+
+    out = Out(json_out)
+    e = env()
+    raw = load_spec_file(spec_file) if spec_file else dict(DEFAULT_SPEC)
+    problems = [f"--timeout must be positive, got {timeout:g}"] if timeout <= 0 else []
+    spec = with_overrides(raw, e.catalogue, name=name, mode=mode, problems=problems)
+    if dry_run:
+        e.provider.ping()
+        if problems := capacity_problems(e, spec):
+            raise BadInput(problems, "cannot create")
+        doc = {"ClusterName": spec.ClusterName, "Valid": True, "Spec": spec.model_dump(exclude_none=True)}
+        out.json(doc) if json_out else out.info(f"spec of cluster {spec.ClusterName} is valid; nothing was created")
+        return
+    progress = CliProgress(out)
+    do_create(e, spec, CreateOptions(wait=wait, timeout=timeout, retain=retain), progress)
+    doc = describe(e, spec.ClusterName)
+    if json_out:
+        out.json(doc)
+    else:
+        out.info(f"{progress.elapsed()} cluster {spec.ClusterName} is {doc['ClusterStatus']}")
+        print_groups(out, doc)
+
+
+def print_groups(out: Out, doc: dict[str, Any]) -> None:
+    fail = f" ({doc['FailureMessage']})" if doc.get("FailureMessage") else ""
+    out.table(
+        f"{doc['ClusterName']}: {doc['ClusterStatus']}{fail}",
+        ["GROUP", "TYPE", "NODE TYPE", "CURRENT/TARGET", "STATUS", "PARTITIONS"],
+        [
+            [
+                g["InstanceGroupName"],
+                g["InstanceType"],
+                g["NodeType"],
+                f"{g['CurrentCount']}/{g['TargetCount']}",
+                g["Status"],
+                ",".join(g["PartitionNames"]),
+            ]
+            for g in doc["InstanceGroups"]
+        ],
+    )
+
+
+def list_(json_out: bool = JsonOpt) -> None:
+    """List clusters."""
+    from ..cluster.query import list_clusters
+
+    e = env()
+    doc = list_clusters(e)
+    if doc["EngineReachable"]:
+        for c in doc["ClusterSummaries"]:
+            e.agents.ensure(c["ClusterName"])
+    out = Out(json_out)
+    if json_out:
+        out.json(doc)
+        return
+    if not doc["EngineReachable"]:
+        out.info("warning: the Docker engine does not answer: statuses are the last recorded ones")
+    out.table(
+        None, ["NAME", "STATUS", "CREATED"], [[c["ClusterName"], c["ClusterStatus"], c["CreationTime"]] for c in doc["ClusterSummaries"]]
+    )
+
+
+def describe(name: str, json_out: bool = JsonOpt) -> None:
+    """Describe a cluster (DescribeCluster shape)."""
+    from ..cluster.query import describe as do_describe
+
+    e = env()
+    e.cluster(name)
+    agent = e.agents.ensure(name)
+    doc = do_describe(e, name)
+    doc["Agent"] = agent
+    out = Out(json_out)
+    if json_out:
+        out.json(doc)
+        return
+    print_groups(out, doc)
+    print(f"agent: {'restarted' if agent['Restarted'] else 'alive'} (pid {agent['Pid']})")
+
+
+def nodes(
+    name: str,
+    group: Optional[str] = typer.Option(None, "--group", "-g", help="Only this instance group."),
+    json_out: bool = JsonOpt,
+) -> None:
+    """List a cluster's nodes (ListClusterNodes shape) with their Slurm state."""
+    from ..cluster.query import nodes as do_nodes
+
+    e = env()
+    e.cluster(name)
+    e.agents.ensure(name)
+    doc = do_nodes(e, name, group)
+    out = Out(json_out)
+    if json_out:
+        out.json(doc)
+        return
+    out.table(
+        None,
+        ["NODE", "GROUP", "TYPE", "STATUS", "SLURM", "NODE ID", "MESSAGE"],
+        [
+            [
+                n["SlurmNodeName"],
+                n["InstanceGroupName"],
+                n["InstanceType"],
+                n["InstanceStatus"]["Status"],
+                n["SlurmState"] or "",
+                n["NodeId"] or "",
+                n["InstanceStatus"]["Message"] or n.get("SlurmReason") or "",
+            ]
+            for n in doc["ClusterNodeSummaries"]
+        ],
+    )
+
+
+def exec_(
+    name: str,
+    cmd: list[str] = typer.Argument(..., help="Command to run (after --)."),
+    node: Optional[str] = typer.Option(
+        None, "--node", "-n", help="Node (Slurm name); default: the login node, else the controller."
+    ),
+    root: bool = typer.Option(False, "--root", help="Run as root instead of the default user (hpuser)."),
+) -> None:
+    """Run a command on a node (default: the login node) as the default user; exit with its code.
+
+    Example: hp exec lab -- srun -N4 hostname
+    """
+    from ..cluster.exec import exec_target, run_exec
+
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise BadInput("no command given: hp exec NAME -- CMD...")
+    e = env()
+    target = exec_target(e, name, node)
+    e.agents.ensure(name)
+
+    def write(data: bytes, err: bool) -> None:
+        s = sys.stderr.buffer if err else sys.stdout.buffer
+        s.write(data)
+        s.flush()
+
+    interactive = sys.stdin.isatty() and sys.stdout.isatty()  # a terminal: attach one (hp exec lab -- bash)
+    raise typer.Exit(run_exec(e, target, cmd, root, write, interactive))
+
+
+def delete(name: str, json_out: bool = JsonOpt) -> None:
+    """Drain and remove every node, container, network and volume of a cluster."""
+    from ..cluster.delete import delete as do_delete
+
+    removed = do_delete(env(), name)
+    out = Out(json_out)
+    if json_out:
+        out.json({"ClusterName": name, "Removed": removed})
+    else:
+        out.info(
+            f"deleted cluster {name}: {removed['containers']} containers, {removed['networks']} networks, "
+            f"{removed['volumes']} volumes"
+        )
+
+
+def version(json_out: bool = JsonOpt) -> None:
+    """Print hp's, Python's, Slurm's and the images' versions."""
+    from ..ci.version import versions
+
+    doc = versions(env())
+    out = Out(json_out)
+    if json_out:
+        out.json(doc)
+        return
+    print(f"hp {doc['hp']} (Python {doc['python']})")
+    print(f"Slurm {doc['slurm'] or 'unknown (images not built)'}")
+    for k, v in (doc.get("images") or {}).items():
+        print(f"image {k}: {v}")
+    if doc.get("note"):
+        print(f"note: {doc['note']}")
+
+
+COMMANDS = (
+    ("create", create),
+    ("list", list_),
+    ("describe", describe),
+    ("nodes", nodes),
+    ("exec", exec_),
+    ("delete", delete),
+    ("version", version),
+)

@@ -1,0 +1,46 @@
+"""What every command module of the CLI shares: the environment, options, progress."""
+
+from __future__ import annotations
+
+import time
+
+import typer
+
+from ..cluster.context import Env
+from .output import Out
+
+EXIT_CODES = "Exit codes: 0 success, 1 operation failed, 2 bad input, 3 timeout waiting."
+JsonOpt = typer.Option(False, "--json", help="Machine-readable JSON on stdout.")
+
+
+def env() -> Env:
+    return Env()
+
+
+def sub_app(help_text: str) -> typer.Typer:
+    """A command group (hp images, hp capacity, hp health-check...)."""
+    return typer.Typer(help=f"{help_text} {EXIT_CODES}", no_args_is_help=True)
+
+
+class CliProgress:
+    """Stage lines (and per-group counts) on stderr."""
+
+    def __init__(self, out: Out):
+        self.out = out
+        self.t0 = time.monotonic()
+        self.last: tuple[str, str] | None = None
+        self.last_groups: dict[str, tuple[int, int, int]] = {}
+
+    def elapsed(self) -> str:
+        return f"[{time.monotonic() - self.t0:5.1f}s]"
+
+    def stage(self, name: str, detail: str = "") -> None:
+        if (name, detail) != self.last:
+            self.last = (name, detail)
+            self.out.info(f"{self.elapsed()} {name}: {detail}")
+
+    def groups(self, counts: dict[str, tuple[int, int, int]]) -> None:
+        if counts != self.last_groups:
+            self.last_groups = counts
+            txt = "  ".join(f"{g} {c}/{t}" + (f" ({f} failed)" if f else "") for g, (c, t, f) in counts.items())
+            self.out.info(f"{self.elapsed()} nodes: {txt}")

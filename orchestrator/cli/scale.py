@@ -1,0 +1,164 @@
+"""`hp scale`, `add-nodes`, `delete-nodes`, `events`, `capacity set|show`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, List, Optional
+
+import typer
+
+from ..errors import BadInput
+from .common import JsonOpt, env, sub_app
+from .output import Out
+
+# `hp scale lab cpu -5`: a negative count is a count (refused by the rules), not an option
+NUMBERS_OK = {"ignore_unknown_options": True}
+
+
+def _scale(name: str, group: str, count: int, add: bool, wait: bool, timeout: float, json_out: bool) -> None:
+    from ..cluster.scaling import scale as do_scale
+    from ..cluster.waiting import wait_groups
+
+    if wait and timeout <= 0:
+        raise BadInput(f"--timeout must be positive, got {timeout:g}")
+    e = env()
+    out = Out(json_out)
+    doc = do_scale(e, name, group, count, add=add)
+    if wait:
+        wait_groups(e, name, [group], timeout, out.info)
+    if json_out:
+        out.json(doc)
+    else:
+        out.info(f"{name}/{group}: target {doc['PreviousCount']} -> {doc['TargetCount']}")
+
+
+def scale(
+    name: str,
+    group: str,
+    count: int = typer.Argument(..., help="New target count."),
+    wait: bool = typer.Option(False, "--wait/--no-wait", help="Wait until the group reaches its target."),
+    timeout: float = typer.Option(600, "--timeout"),
+    json_out: bool = JsonOpt,
+) -> None:
+    """Set an instance group's target count. Returns at once; the cluster's agent does the work."""
+    _scale(name, group, count, False, wait, timeout, json_out)
+
+
+def add_nodes(
+    name: str,
+    group: str,
+    count: int = typer.Argument(..., help="Nodes to add."),
+    wait: bool = typer.Option(False, "--wait/--no-wait", help="Wait until the group reaches its target."),
+    timeout: float = typer.Option(600, "--timeout"),
+    json_out: bool = JsonOpt,
+) -> None:
+    """Add nodes to an instance group. Returns at once."""
+    _scale(name, group, count, True, wait, timeout, json_out)
+
+
+def delete_nodes(
+    name: str, nodes: List[str] = typer.Argument(..., help="Slurm node names or node ids."), json_out: bool = JsonOpt
+) -> None:
+    """Remove chosen nodes (drained first; running jobs end first). Returns at once."""
+    from ..cluster.scaling import delete_nodes as do_delete
+
+    doc = do_delete(env(), name, nodes)
+    out = Out(json_out)
+    if json_out:
+        out.json(doc)
+    else:
+        out.info(f"removing {', '.join(doc['NodesToDelete'])}")
+
+
+def events(
+    name: str,
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new events."),
+    limit: int = typer.Option(1000, "--limit", "-n", help="How many of the newest events (at most 10000)."),
+    json_out: bool = JsonOpt,
+) -> None:
+    """The cluster's newest events (HyperPod shape), oldest first; --follow for new ones."""
+    from ..errors import NotFound
+    from ..state.store import PAGE_MAX
+
+    e = env()
+    out = Out(json_out)
+    if not 1 <= limit <= PAGE_MAX:
+        raise BadInput(f"--limit must be between 1 and {PAGE_MAX}, got {limit}")
+    if e.store.cluster(name) is None and not e.store.has_events(name):
+        raise NotFound(f"cluster {name!r} does not exist (see 'hp list')")
+    evs = e.store.events(name, limit=limit)
+    if follow:
+        if e.store.cluster(name) is not None:
+            e.agents.ensure(name)
+        last = evs[-1].id if evs else 0
+        for ev in [*evs, *e.store.follow_events(name, after_id=last, poll=0.5)]:
+            line = json.dumps(ev.as_dict()) if json_out else event_line(ev.as_dict())
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+        return
+    docs = [ev.as_dict() for ev in evs]
+    if json_out:
+        out.json({"ClusterName": name, "Events": docs})
+    else:
+        for d in docs:
+            print(event_line(d))
+
+
+def event_line(e: dict[str, Any]) -> str:
+    where = e["InstanceGroupName"] or ""
+    if e.get("SlurmNodeName"):
+        where += f"/{e['SlurmNodeName']}"
+    return f"{e['EventTime']}  {e['EventLevel']:<5} {e['ResourceType']:<13} {where:<20} {e['Description']}"
+
+
+capacity_app = sub_app("Show and limit the capacity instance types draw from.")
+
+
+@capacity_app.command("set")
+def capacity_set(
+    instance_type: str,
+    count: Optional[int] = typer.Argument(None, help="Max nodes of this type on the host; omit with --clear."),
+    clear: bool = typer.Option(False, "--clear", help="Remove the limit."),
+) -> None:
+    """Limit how many nodes of an instance type may run on this host (all clusters)."""
+    from ..cluster import capacity
+
+    e = env()
+    capacity.set_limit_checked(e.store, e.catalogue, instance_type, count, clear)
+    for row in e.store.clusters():  # waiting clusters retry now
+        e.agents.ensure(row.name)
+        e.agents.poke(row.name)
+    Out().info(f"{instance_type}: " + ("no limit" if clear else f"at most {count} node(s)"))
+
+
+@capacity_app.command("show")
+def capacity_show(json_out: bool = JsonOpt) -> None:
+    """The host's pool, what hp's nodes use of it, and per-type limits."""
+    from ..cluster import capacity
+
+    e = env()
+    doc = capacity.report(e.provider, e.store, e.catalogue)
+    out = Out(json_out)
+    if json_out:
+        out.json(doc)
+        return
+    pool, used = doc["Pool"], doc["Used"]
+    print(
+        f"pool: {pool['Cpus']:g} CPU, {pool['MemoryMiB']} MiB, GPUs {pool['Gpus'] or 'none'}; "
+        f"used: {used['Cpus']:g} CPU, {used['MemoryMiB']} MiB"
+    )
+    out.table(
+        None,
+        ["TYPE", "RUNNING", "LIMIT"],
+        [[t["InstanceType"], t["Running"], t["Limit"] if t["Limit"] is not None else "-"] for t in doc["Types"]],
+    )
+
+
+COMMANDS = (
+    ("scale", scale, NUMBERS_OK),
+    ("add-nodes", add_nodes, NUMBERS_OK),
+    ("delete-nodes", delete_nodes, None),
+    ("events", events, None),
+)
+GROUPS = (("capacity", capacity_app),)

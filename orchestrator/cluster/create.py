@@ -1,0 +1,368 @@
+"""`hp create`: an ordered list of named stages (as kind's create), with progress
+reported per stage and per group, and one rollback path.
+
+Order: network, volumes and key; the controller (ready when `scontrol ping` answers);
+then login and compute groups in parallel. Their containers are created while the
+controller boots and started the moment it answers.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ..errors import BadInput, HpError, LaunchError, OperationFailed, WaitTimeout
+from ..naming import container_name, labels, network_name, node_name, shared_volume, state_volume
+from ..slurm.conf import render
+from ..spec.model import ClusterSpec, InstanceGroup
+from ..state.phases import Phase
+from . import capacity
+from .context import Cluster, Env, parallel
+from .delete import remove_resources
+from .launcher import Launcher
+
+
+class Progress(Protocol):
+    def stage(self, name: str, detail: str = "") -> None: ...
+
+    def groups(self, counts: dict[str, tuple[int, int, int]]) -> None: ...  # group -> (current, target, failed)
+
+
+class NoProgress:
+    def stage(self, name: str, detail: str = "") -> None:
+        pass
+
+    def groups(self, counts: dict[str, tuple[int, int, int]]) -> None:
+        pass
+
+
+@dataclass
+class CreateOptions:
+    wait: bool = True
+    timeout: float = 300.0
+    retain: bool = False
+    register_timeout: float = 60.0
+
+
+@dataclass
+class LaunchOutcome:
+    started: dict[str, str] = field(default_factory=dict)  # node -> container id
+    failed: dict[str, LaunchError] = field(default_factory=dict)
+
+
+def check_name_free(env: Env, name: str) -> None:
+    row = env.store.cluster(name)
+    existing = env.provider.containers(name) or env.provider.networks(name) or env.provider.volumes(name)
+    if row is not None and not (row.status == "Failed" and not existing):
+        raise BadInput(
+            f"a cluster named {name!r} already exists ({row.status}); "
+            f"delete it first with 'hp delete {name}' or pick another --name",
+            "name in use",
+        )
+    if row is None and existing:
+        raise BadInput(
+            f"Docker already holds resources labelled for cluster {name!r} "
+            f"(left over from an earlier run?); remove them with 'hp delete {name}'",
+            "name in use",
+        )
+    if row is not None:
+        env.store.remove_cluster(name)  # a Failed cluster with nothing left: its name is free again
+
+
+def image_defs(spec: ClusterSpec) -> tuple:
+    """The node images, and the check images when a group checks new nodes on start."""
+    from ..docker.images import CHECK_IMAGES, NODE_IMAGES
+
+    return NODE_IMAGES + (CHECK_IMAGES if any(g.OnStartDeepHealthChecks for g in spec.InstanceGroups) else ())
+
+
+def capacity_problems(env: Env, spec: ClusterSpec) -> list[str]:
+    """Instance types the spec asks more of than the host could ever run (the host's
+    whole pool, every other node gone): refused before anything is made."""
+    pool, lim = capacity.host_pool(env.provider), capacity.limits(env.store)
+    wanted: dict[str, int] = {}
+    for g in spec.InstanceGroups:
+        wanted[g.InstanceType] = wanted.get(g.InstanceType, 0) + g.InstanceCount
+    problems = []
+    for t, n in wanted.items():
+        most, why = capacity.ceiling(env.catalogue[t], pool, lim)
+        if n > most:
+            problems.append(f"{n} node(s) of {t} are more than this host can ever run: {most} ({why})")
+    return problems
+
+
+def create(env: Env, spec: ClusterSpec, opts: CreateOptions, progress: Progress = NoProgress()) -> Cluster:
+    name = spec.ClusterName
+    env.provider.ping()
+    check_name_free(env, name)
+    spec = spec.model_copy(update={"MaxNodeCount": spec.max_nodes})  # fixed from now on (slurm.conf)
+    if problems := capacity_problems(env, spec):
+        raise BadInput(problems, "cannot create")
+    progress.stage("images", "checking node images")
+    images = env.images.build(image_defs(spec), log=lambda s: progress.stage("images", s))
+    if not env.store.add_cluster(name, spec.model_dump(exclude_none=True), "Creating"):
+        raise BadInput(f"a cluster named {name!r} already exists", "name in use")
+    cluster = Cluster(env, name, spec)
+    with env.agents.creation_lock(name):  # no agent may act on the cluster while it is being made
+        _create_and_record(cluster, images, opts, progress)
+    env.agents.ensure(name)  # provisioning retries and node recovery go on in the background
+    return cluster
+
+
+def _create_and_record(cluster: Cluster, images: dict[str, str], opts: CreateOptions, progress: Progress) -> None:
+    env, name, spec = cluster.env, cluster.name, cluster.spec
+    mode = "continuous" if spec.continuous else "all-or-nothing"
+    env.store.event(name, "Cluster", "Info", f"Cluster {name} creation started ({mode} provisioning)")
+    try:
+        _create(cluster, images, opts, progress)
+    except BaseException as e:  # every failure (^C too) ends in the one rollback path, then goes on up
+        msg = str(e) if isinstance(e, HpError) else f"{type(e).__name__}: {e}"
+        if isinstance(e, KeyboardInterrupt):
+            msg = "interrupted"
+        rollback(cluster, msg, opts.retain, progress)
+        raise
+
+
+def rollback(cluster: Cluster, msg: str, retain: bool, progress: Progress) -> None:
+    env, name = cluster.env, cluster.name
+    if retain:
+        env.store.set_status(name, "Failed", msg)
+        env.store.event(name, "Cluster", "Error", f"Cluster {name} creation failed (kept with --retain): {msg}")
+        return
+    env.store.set_status(name, "RollingBack", msg)
+    env.store.event(name, "Cluster", "Error", f"Cluster {name} creation failed, rolling back: {msg}")
+    progress.stage("rollback", "removing what was created")
+    remove_resources(env.provider, name)
+    cluster.key_path.unlink(missing_ok=True)  # nothing uses it any more
+    env.store.set_status(name, "Failed", msg)
+    env.store.event(name, "Cluster", "Info", f"Cluster {name} rolled back: no container, network or volume is left")
+
+
+def _create(cluster: Cluster, images: dict[str, str], opts: CreateOptions, progress: Progress) -> None:
+    env, spec, name, p = cluster.env, cluster.spec, cluster.name, cluster.p
+    deadline = time.monotonic() + opts.timeout
+    progress.stage("network", "network, volumes and auth key")
+    p.create_network(network_name(name), labels(name, "network"))
+    p.create_volume(state_volume(name), labels(name, "state"))
+    p.create_volume(shared_volume(name), labels(name, "shared"))
+    cluster.make_key()
+    launcher = Launcher(cluster, images)
+
+    progress.stage("controller", cluster.controller_host)
+    conf = render(spec, env.catalogue).encode()
+    ctl_res = _start_controller(cluster, launcher, conf)
+
+    # While slurmctld boots, create every other node's container.
+    wanted = [
+        (g, i) for g in spec.InstanceGroups if g.node_type != "Controller" for i in range(1, g.InstanceCount + 1)
+    ]
+    groups = {node_name(g.InstanceGroupName, i): g for g, i in wanted}
+    for n in groups:
+        env.store.set_phase(name, n, Phase.QUEUED, "waiting for capacity")
+    created = launcher.create_many(wanted)
+    try:
+        wait_controller(cluster, ctl_res, min(deadline, time.monotonic() + 60))
+    except LaunchError as e:
+        if not (spec.continuous and e.retryable):
+            raise OperationFailed(f"controller {cluster.controller_host}: {e}") from None
+        ctl_res = _retry_controller(cluster, launcher, conf, deadline, e)
+    env.store.set_phase(name, cluster.controller_host, Phase.RUNNING)
+    env.store.event(
+        name,
+        "Instance",
+        "Info",
+        f"Controller {cluster.controller_host} is up",
+        spec.controller.InstanceGroupName,
+        node=cluster.controller_host,
+    )
+
+    progress.stage("nodes", "starting login and compute nodes")
+    outcome = LaunchOutcome()
+    ids = [(n, r) for n, r in created.items() if isinstance(r, str)]
+    for (n, cid), err in zip(ids, parallel(lambda t: launcher.start(t[1]), ids)):
+        if err:
+            outcome.failed[n] = err
+        else:
+            outcome.started[n] = cid
+    outcome.failed.update({n: r for n, r in created.items() if isinstance(r, LaunchError)})
+    for n in outcome.started:
+        env.store.set_phase(name, n, Phase.LAUNCHING, "container started")
+    for n, err in outcome.failed.items():
+        g = groups[n]
+        env.store.set_phase(name, n, Phase.LAUNCH_FAILED, f"{err} (retry 1)")
+        env.store.event(
+            name,
+            "Instance",
+            "Warn" if err.code == "InsufficientCapacity" else "Error",
+            f"Instance creation in cluster {name} and instance group {g.InstanceGroupName} failed: {err}",
+            g.InstanceGroupName,
+            node=n,
+        )
+    if outcome.failed and not spec.continuous:
+        raise OperationFailed(_shortage_message(outcome.failed, groups))
+    logins = [n for n in outcome.started if groups[n].node_type == "Login"]
+    workers = [n for n in outcome.started if groups[n].node_type == "Compute"]
+    if spec.continuous:
+        # InService once the controller and the login nodes are up; the agent brings
+        # the workers in as they come, and retries what failed.
+        if opts.wait:
+            progress.stage("wait", "waiting for the login node(s)")
+            wait_nodes(cluster, [], logins, deadline, opts.register_timeout, progress, strict=False)
+            for n in logins:
+                env.store.set_phase(name, n, Phase.RUNNING)
+        _in_service(cluster)
+        return
+    if not opts.wait:
+        return  # the agent marks it InService once every node joined
+    progress.stage("wait", "waiting for nodes to be idle in Slurm")
+    wait_nodes(cluster, workers, logins, deadline, opts.register_timeout, progress, strict=True)
+    for n in outcome.started:
+        if not groups[n].OnStartDeepHealthChecks:  # those are marked Running by the agent, which checks them
+            env.store.set_phase(name, n, Phase.RUNNING)
+    _in_service(cluster)
+
+
+def _in_service(cluster: Cluster) -> None:
+    cluster.store.set_status(cluster.name, "InService")
+    cluster.store.event(cluster.name, "Cluster", "Info", f"Cluster {cluster.name} is InService")
+
+
+def _start_controller(cluster: Cluster, launcher: Launcher, conf: bytes) -> str:
+    host = cluster.controller_host
+    cluster.store.set_phase(cluster.name, host, Phase.QUEUED, "waiting for capacity")
+    res = launcher.create_many([(cluster.spec.controller, 1)], files={"slurm.conf": (conf, 0o644, 0)})
+    cid = res[host]
+    if isinstance(cid, LaunchError):
+        # no capacity for the controller's type, or its image is missing: fatal, whatever the mode
+        raise OperationFailed(f"controller {host} could not be launched: {cid}")
+    if err := launcher.start(cid):
+        raise OperationFailed(f"controller {host} could not be started: {err}")
+    cluster.store.set_phase(cluster.name, host, Phase.LAUNCHING, "container started")
+    return cid
+
+
+def _retry_controller(cluster: Cluster, launcher: Launcher, conf: bytes, deadline: float, first: LaunchError) -> str:
+    """Continuous mode: a controller that failed for a retryable reason (its container
+    exited, slurmctld did not answer) is made again, with backoff, a few times."""
+    from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+    env, name, host = cluster.env, cluster.name, cluster.controller_host
+    group = cluster.spec.controller.InstanceGroupName
+    env.store.event(name, "Instance", "Error", f"Controller {host} failed, retrying: {first}", group, node=host)
+    env.store.set_phase(name, host, Phase.LAUNCH_FAILED, str(first)[:300])
+    retryable = retry_if_exception(lambda e: isinstance(e, LaunchError) and e.retryable)
+    for attempt in Retrying(stop=stop_after_attempt(3), wait=wait_exponential(max=5), reraise=True, retry=retryable):
+        with attempt:
+            cluster.p.remove_container(container_name(name, host))
+            cid = _start_controller(cluster, launcher, conf)
+            try:
+                wait_controller(cluster, cid, min(deadline, time.monotonic() + 60))
+            except LaunchError as e:
+                env.store.set_phase(name, host, Phase.LAUNCH_FAILED, str(e)[:300])
+                raise
+            return cid
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _shortage_message(failed: dict[str, LaunchError], groups: dict[str, InstanceGroup]) -> str:
+    by_group: dict[str, list[str]] = {}
+    for n, e in failed.items():
+        by_group.setdefault(groups[n].InstanceGroupName, []).append(f"{n}: {e}")
+    parts = [
+        f"group {g} could not be fully provisioned ({len(v)} node(s)): " + "; ".join(v[:3]) for g, v in by_group.items()
+    ]
+    return "all-or-nothing provisioning failed: " + " | ".join(parts)
+
+
+POLL_S = 0.1
+
+
+def wait_controller(cluster: Cluster, cid: str, deadline: float) -> None:
+    """Ready when `scontrol ping` answers; fail fast if the container exits (a
+    retryable LaunchError carrying the last log lines)."""
+    checks = 0
+    while True:
+        if cluster.slurm.ping():
+            return
+        checks += 1
+        if checks % 5 == 0:
+            st = cluster.p.inspect(cid).state
+            if not st.running:
+                logs = cluster.p.logs(cid, tail=30)
+                raise LaunchError(
+                    "ContainerExited",
+                    f"controller exited ({st.exit_code}) before answering; last log:\n{logs}",
+                    retryable=True,
+                )
+        if time.monotonic() > deadline:
+            raise LaunchError(
+                "RegistrationTimeout",
+                "controller did not answer 'scontrol ping' in time; last log:\n" + cluster.p.logs(cid, tail=30),
+                retryable=True,
+            )
+        time.sleep(POLL_S)
+
+
+def wait_nodes(
+    cluster: Cluster,
+    workers: list[str],
+    logins: list[str],
+    deadline: float,
+    register_timeout: float,
+    progress: Progress,
+    strict: bool,
+) -> dict[str, LaunchError]:
+    """Wait until every worker is idle in Slurm and login nodes answer. A node whose
+    container exits, or that does not register in `register_timeout`, fails: at once
+    when `strict` (all-or-nothing), else it is reported and left to the agent."""
+    spec, name = cluster.spec, cluster.name
+    failed: dict[str, LaunchError] = {}
+    t0 = time.monotonic()
+    want = set(workers)
+    polls = 0
+    target = {g.InstanceGroupName: g.InstanceCount for g in spec.compute}
+    gname = {g.InstanceGroupName.lower(): g.InstanceGroupName for g in spec.InstanceGroups}
+    group_of = {n: gname[n.rsplit("-", 1)[0]] for n in workers}
+    while True:
+        # a node of a group with on-start checks registers drained: it is up, and is
+        # checked by the agent before it takes jobs
+        idle = {
+            n.name for n in cluster.slurm.nodes() if n.usable or (n.awaiting_onstart and not n.not_responding)
+        } & want
+        counts = {g: (sum(1 for n in idle if group_of[n] == g), t, 0) for g, t in target.items()}
+        progress.groups(counts)
+        pending = want - idle - set(failed)
+        if not pending:
+            break
+        polls += 1
+        if polls % 5 == 0:  # look at the containers of nodes still missing
+            states = cluster.node_containers()
+            for n in list(pending):
+                c = states.get(n)
+                if c is None or c.dead:
+                    logs = cluster.p.logs(c.id, tail=5).strip() if c else ""
+                    failed[n] = LaunchError(
+                        "ContainerExited",
+                        f"{n} exited with code {c.exit_code if c else None} at start: {logs[-300:]}",
+                        retryable=True,
+                    )
+                elif time.monotonic() - t0 > register_timeout:
+                    failed[n] = LaunchError(
+                        "RegistrationTimeout",
+                        f"slurmd on {n} did not register within {register_timeout:g} s",
+                        retryable=True,
+                    )
+            if failed and strict:
+                raise OperationFailed(_shortage_message(failed, {n: spec.group(group_of[n]) for n in failed}))
+        if time.monotonic() > deadline:
+            raise WaitTimeout(
+                f"timed out waiting for {len(pending)} node(s) to be idle in Slurm: {', '.join(sorted(pending)[:10])}"
+            )
+        time.sleep(0.2)
+    for n in logins:
+        while not cluster.slurm.ping_from(container_name(name, n)):
+            if time.monotonic() > deadline:
+                raise WaitTimeout(f"login node {n} cannot reach slurmctld")
+            time.sleep(0.2)
+    return failed

@@ -1,0 +1,52 @@
+"""`hp exec`: run a command on a cluster's node as the default user (or root)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from ..errors import BadInput, OperationFailed
+from ..naming import container_name
+from .context import DEFAULT_UID, DEFAULT_USER, Env
+
+Write = Callable[[bytes, bool], None]  # (data, is stderr)
+
+
+def exec_target(env: Env, name: str, node: str | None) -> str:
+    """Container to run a command in: the named node, else a login node, else the controller."""
+    cluster = env.cluster(name)
+    containers = cluster.node_containers()
+    if node is not None:
+        c = containers.get(node) or next(
+            (c for c in containers.values() if c.name == node or c.id.startswith(node)), None
+        )
+        if c is None:
+            raise BadInput(f"cluster {name!r} has no node {node!r} (nodes: {', '.join(sorted(containers))})")
+        if not c.running:
+            raise OperationFailed(
+                f"node {node} of cluster {name!r} is not running (container {c.state}, "
+                f"exit code {c.exit_code}); see 'hp nodes {name}'"
+            )
+        return c.name
+    login = sorted((c for c in containers.values() if c.role == "login" and c.running), key=lambda c: c.name)
+    if login:
+        return login[0].name
+    return container_name(name, cluster.controller_host)
+
+
+def run_exec(env: Env, container: str, cmd: list[str], root: bool, write: Write, interactive: bool = False) -> int:
+    """Run cmd in the container as the default user (or root), stream its output, return its exit code."""
+    user = "root" if root else DEFAULT_USER
+    workdir = "/root" if root else f"/home/{DEFAULT_USER}"
+    environment = None if root else {"HOME": workdir, "USER": DEFAULT_USER}
+    p = env.provider
+    if not root:  # the shared home is created by the first node that boots; be sure it is there
+        p.exec(container, ["install", "-d", "-o", str(DEFAULT_UID), "-g", str(DEFAULT_UID), workdir])
+    if interactive:
+        return p.exec_interactive(container, cmd, user=user, workdir=workdir, environment=environment)
+    handle = p.exec_stream(container, cmd, user=user, workdir=workdir, environment=environment)
+    for out, err in handle.chunks:
+        if out:
+            write(out, False)
+        if err:
+            write(err, True)
+    return p.exec_exit_code(handle)

@@ -1,0 +1,91 @@
+"""Reading clusters: list, describe, nodes (HyperPod's ListClusters, DescribeCluster and
+ListClusterNodes shapes), derived from what Docker and Slurm say now."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import EngineUnavailable, OperationFailed
+from ..slurm.model import SlurmNode
+from ..state.status import NodeView, group_views, node_views
+from ..state.store import iso
+from .context import Cluster, Env
+
+
+def list_clusters(env: Env) -> dict[str, Any]:
+    """Every recorded cluster. With no engine answering, statuses are what was last
+    recorded: said so (EngineReachable false, and each cluster's status marked)."""
+    rows = env.store.clusters()
+    try:
+        env.provider.ping()
+        reachable = True
+    except EngineUnavailable:
+        reachable = False
+    return {
+        "EngineReachable": reachable,
+        "ClusterSummaries": [
+            {
+                "ClusterName": r.name,
+                "ClusterStatus": r.status,
+                "CreationTime": iso(r.created),
+                **({} if reachable else {"StatusNote": "last recorded: the Docker engine does not answer"}),
+            }
+            for r in rows
+        ],
+    }
+
+
+def observe(cluster: Cluster) -> tuple[list[NodeView], bool]:
+    """The cluster's nodes now. Read in the order writers write (a phase is recorded
+    after the Slurm change it describes): the history first, then Docker, then Slurm, so
+    a recorded phase is never newer than the Slurm state shown beside it."""
+    recorded = cluster.store.latest_phases(cluster.name)
+    containers = cluster.node_containers()
+    ctl = containers.get(cluster.controller_host)
+    snodes: dict[str, SlurmNode] = {}
+    up = False
+    if ctl is not None and ctl.running:
+        try:
+            snodes = {n.name: n for n in cluster.slurm.nodes()}
+            up = True
+        except OperationFailed:
+            up = False
+    return node_views(cluster.spec, containers, snodes, recorded, up), up
+
+
+def active_ops(env: Env, name: str) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for op in env.store.operations(name):
+        what = f"{op['kind']}" + (f" to {op['target']}" if op["target"] is not None else f" {op['nodes']}")
+        out.setdefault(op["group"], []).append(what)
+    return out
+
+
+def describe(env: Env, name: str) -> dict[str, Any]:
+    cluster = env.cluster(name)
+    row = env.store.cluster(name)
+    assert row is not None
+    nodes, up = observe(cluster)
+    spec = cluster.spec
+    return {
+        "ClusterName": name,
+        "ClusterStatus": row.status,
+        "FailureMessage": row.message or None,
+        "CreationTime": iso(row.created),
+        "NodeRecovery": spec.NodeRecovery,
+        "NodeProvisioningMode": spec.NodeProvisioningMode or "AllOrNothing",
+        "ControllerReachable": up,
+        "SlurmControllerHost": cluster.controller_host,
+        "InstanceGroups": group_views(spec, nodes, active_ops(env, name)),
+    }
+
+
+def nodes(env: Env, name: str, group: str | None = None) -> dict[str, Any]:
+    cluster = env.cluster(name)
+    if group is not None:
+        cluster.group_of(group)
+    views, _ = observe(cluster)
+    return {
+        "ClusterName": name,
+        "ClusterNodeSummaries": [v.as_dict() for v in views if group is None or v.group == group],
+    }

@@ -1,0 +1,165 @@
+"""Scaling requests: they change the desired state in SQLite and wake the agent, and
+return at once. The agent does the work, group by group, concurrently.
+
+Bounds: a cluster's compute nodes never exceed its MaxNodeCount (Slurm's dynamic-node
+slots, fixed when the cluster was made), and a group never asks for more nodes of a type
+than the host's whole capacity pool could ever run (`capacity.ceiling`): such a request
+is refused with the limit named, nothing changed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import BadInput
+from ..naming import node_id
+from ..spec.model import SLURM_MAX_NODES
+from ..state.phases import Owner, Phase, owner
+from . import capacity
+from .context import Cluster, Env
+
+SCALABLE = ("InService", "Creating", "Updating")
+
+
+def _cluster(env: Env, name: str) -> Cluster:
+    c = env.cluster(name)
+    row = env.store.cluster(name)
+    if row is not None and row.status not in SCALABLE:
+        raise BadInput(f"cluster {name!r} is {row.status}: it cannot be scaled")
+    return c
+
+
+def bound_problems(c: Cluster, group: str, new_count: int) -> list[str]:
+    """Why `group` may not have `new_count` nodes (empty: it may)."""
+    spec = c.spec
+    g = spec.group(group)
+    if g is None:
+        return []
+    problems = []
+    if g.node_type == "Compute":
+        others = sum(x.InstanceCount for x in spec.compute if x.InstanceGroupName != group)
+        limit = spec.max_nodes
+        if others + new_count > limit:
+            problems.append(
+                f"the cluster's compute nodes would be {others + new_count}, above its MaxNodeCount {limit} "
+                f"(Slurm's dynamic-node slots, fixed when the cluster was created; "
+                f"set MaxNodeCount in the spec, at most {SLURM_MAX_NODES}, to make room)"
+            )
+    itype = c.env.catalogue[g.InstanceType]
+    ceiling, why = capacity.ceiling(itype, capacity.host_pool(c.p), capacity.limits(c.store))
+    same_type = sum(x.InstanceCount for x in spec.InstanceGroups if x.InstanceType == g.InstanceType and x is not g)
+    if same_type + new_count > ceiling:
+        problems.append(
+            f"{same_type + new_count} node(s) of {itype.name} in this cluster would be more than the host can ever "
+            f"run: {ceiling} ({why})"
+        )
+    return problems
+
+
+def scale(env: Env, name: str, group: str, count: int, *, add: bool = False) -> dict[str, Any]:
+    """Set a group's target count (or add `count` nodes to it)."""
+    c = _cluster(env, name)
+    problems = []
+    g = c.spec.group(group)
+    if g is None:
+        problems.append(
+            f"cluster {name!r} has no instance group {group!r} "
+            f"(groups: {', '.join(x.InstanceGroupName for x in c.spec.InstanceGroups)})"
+        )
+    if add and count <= 0:
+        problems.append(f"the number of nodes to add must be positive, got {count}")
+    if not add and count < 0:
+        problems.append(f"the count must be >= 0, got {count}")
+    if g is not None and g.node_type == "Controller":
+        problems.append(f"group {group!r} is the Controller group: it has exactly 1 instance")
+    if g is not None and not problems:
+        problems += bound_problems(c, group, g.InstanceCount + count if add else count)
+    if problems:
+        raise BadInput(problems, "cannot scale")
+    assert g is not None
+    prev: dict[str, int] = {}
+
+    def change(spec: dict[str, Any]) -> dict[str, Any]:
+        for ig in spec["InstanceGroups"]:
+            if ig["InstanceGroupName"] == group:
+                prev["n"] = ig["InstanceCount"]
+                ig["InstanceCount"] = ig["InstanceCount"] + count if add else count
+                if ig.get("MinCount") is not None and ig["MinCount"] > ig["InstanceCount"]:
+                    ig["MinCount"] = ig["InstanceCount"]
+        return spec
+
+    new = env.store.update_spec(name, change)
+    target = next(ig["InstanceCount"] for ig in new["InstanceGroups"] if ig["InstanceGroupName"] == group)
+    op = env.store.add_operation(name, group, "Scale", target, prev["n"])
+    env.store.event(
+        name, "InstanceGroup", "Info", f"Scaling instance group {group} in cluster {name} from {prev['n']} to {target}", group
+    )
+    env.agents.ensure(name)
+    env.agents.poke(name)
+    return {
+        "ClusterName": name,
+        "InstanceGroupName": group,
+        "PreviousCount": prev["n"],
+        "TargetCount": target,
+        "OperationId": op,
+    }
+
+
+def delete_nodes(env: Env, name: str, nodes: list[str]) -> dict[str, Any]:
+    """Remove chosen nodes: the group's target drops by as many, and those nodes (not
+    others) are drained, deleted from Slurm, then removed."""
+    import time
+
+    c = _cluster(env, name)
+    existing = c.node_containers()
+    by_id = {ci.id[:12]: n for n, ci in existing.items()}
+    by_id.update({node_id(ci.id): n for n, ci in existing.items()})
+    latest = env.store.latest_phases(name)
+    now = time.time()
+    problems, chosen = [], {}
+    for n in dict.fromkeys(nodes):
+        real = n if n in existing else by_id.get(n)
+        if real is None:
+            problems.append(f"cluster {name!r} has no node {n!r}")
+            continue
+        if existing[real].role == "controller":
+            problems.append(f"{real} is the controller: it cannot be deleted")
+            continue
+        phase, _, since = latest.get(real, ("", "", 0.0))
+        if phase in (Phase.SHUTTING_DOWN.value, Phase.REMOVED.value):
+            problems.append(f"{real} is already being removed")
+            continue
+        if owner(phase or None, since, now) in (Owner.HEALTH, Owner.RECOVERY):
+            problems.append(
+                f"{real} is {phase} (a health check or recovery owns it now); try again when it is Running"
+            )
+            continue
+        chosen[real] = existing[real].group
+    if problems:
+        raise BadInput(problems, "cannot delete nodes")
+    per_group: dict[str, list[str]] = {}
+    for n, g in chosen.items():
+        per_group.setdefault(g, []).append(n)
+
+    def change(spec: dict[str, Any]) -> dict[str, Any]:
+        for ig in spec["InstanceGroups"]:
+            k = len(per_group.get(ig["InstanceGroupName"], []))
+            if k:
+                ig["InstanceCount"] = max(ig["InstanceCount"] - k, 0)
+                if ig.get("MinCount") is not None and ig["MinCount"] > ig["InstanceCount"]:
+                    ig["MinCount"] = ig["InstanceCount"]
+        return spec
+
+    # the marks and the lower target are written in one transaction: the agent then
+    # removes exactly these nodes, and launches no replacement for them
+    env.store.update_spec(name, change, [(n, Phase.SHUTTING_DOWN, "delete-nodes") for n in chosen])
+    for n, g in chosen.items():
+        env.store.event(
+            name, "Instance", "Info", f"Instance {n} in cluster {name} and instance group {g} is being removed "
+            "(delete-nodes)", g, node=n
+        )
+    for g, ns in per_group.items():
+        env.store.add_operation(name, g, "DeleteNodes", None, None, ns)
+    env.agents.ensure(name)
+    env.agents.poke(name)
+    return {"ClusterName": name, "NodesToDelete": sorted(chosen)}

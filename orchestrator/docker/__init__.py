@@ -1,0 +1,3 @@
+"""The only package that talks to a container engine (docker-py): the provider
+interface (provider.py), its implementation on one Docker engine (engine.py), typed
+views (views.py) and image builds (images.py)."""

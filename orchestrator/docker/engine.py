@@ -1,0 +1,535 @@
+"""`DockerEngine`: the provider on one Docker engine, through docker-py's low-level API
+(one HTTP call per operation, no implicit re-inspects, so that hp costs little beyond
+the floor). The only module that imports docker-py: its exceptions become hp's typed
+errors here (`_errors`), its JSON documents become the views of views.py.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any, Iterator
+
+from ..errors import EngineError, EngineUnavailable, ObjectMissing
+from ..naming import L_CLUSTER, L_MANAGED
+from .provider import FileMap, Log
+from .views import (
+    Container,
+    ContainerDetails,
+    ContainerSpec,
+    ContainerState,
+    EngineInfo,
+    Event,
+    ExecHandle,
+    ExecResult,
+    Limits,
+    Network,
+    Volume,
+)
+
+DOCKER_HELP = (
+    "cannot reach a Docker engine{detail}.\n"
+    "Start one, then try again:\n"
+    "  - Debian/Ubuntu: sudo apt-get install -y docker.io && sudo dockerd &   (or: sudo systemctl start docker)\n"
+    "  - macOS/Windows: start Docker Desktop\n"
+    "  - or point DOCKER_HOST at a running engine.\n"
+    "'make demo' and 'make test' install and start one when none answers."
+)
+
+
+@contextmanager
+def _errors(what: str) -> Iterator[None]:
+    """docker-py's exceptions, as hp's typed errors naming what was being done."""
+    import requests
+    from docker import errors as de
+
+    try:
+        yield
+    except (de.NotFound, de.ImageNotFound) as e:
+        raise ObjectMissing(f"{what}: {_short(e.explanation or e)}") from None
+    except de.APIError as e:
+        code = e.response.status_code if e.response is not None else 0
+        raise EngineError(f"{what}: {_short(e.explanation or e)}", code) from None
+    except (requests.exceptions.ConnectionError, de.DockerException) as e:
+        raise EngineUnavailable(DOCKER_HELP.format(detail=f" ({_short(e)})")) from None
+    except requests.exceptions.RequestException as e:  # a read timeout, a broken stream
+        raise EngineError(f"{what}: {_short(e)}") from None
+
+
+class DockerEngine:
+    """The Provider (provider.py) on one Docker engine."""
+
+    def __init__(self, base_url: str | None = None, pool_size: int = 64, name: str = ""):
+        self._base_url = base_url
+        self._pool_size = pool_size
+        self._api: Any = None
+        self._info: EngineInfo | None = None
+        self.name = name
+
+    @property
+    def api(self) -> Any:
+        if self._api is None:
+            import docker  # imported lazily: `hp --help` and spec validation need no engine
+
+            where = self._base_url or os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+            try:
+                if self._base_url:
+                    self._api = docker.APIClient(base_url=self._base_url, max_pool_size=self._pool_size, version="auto")
+                else:
+                    kw = docker.utils.kwargs_from_env()
+                    self._api = docker.APIClient(max_pool_size=self._pool_size, version="auto", **kw)
+            except docker.errors.DockerException as e:
+                raise EngineUnavailable(DOCKER_HELP.format(detail=f" at {where} ({_short(e)})")) from None
+        return self._api
+
+    def ping(self) -> None:
+        with _errors("ping"):
+            self.api.ping()
+
+    def info(self) -> EngineInfo:
+        """The engine's host facts; fetched once per provider."""
+        if self._info is None:
+            with _errors("engine info"):
+                d = self.api.info()
+            swarm = d.get("Swarm") or {}
+            self._info = EngineInfo(
+                name=d.get("Name", ""),
+                server_version=d.get("ServerVersion", ""),
+                os=d.get("OperatingSystem", ""),
+                arch=d.get("Architecture", ""),
+                cpus=int(d.get("NCPU") or os.cpu_count() or 1),
+                memory_bytes=int(d.get("MemTotal") or 0),
+                runtimes=tuple(sorted((d.get("Runtimes") or {}).keys())),
+                cdi_spec_dirs=tuple(d.get("CDISpecDirs") or ()),
+                swarm_state=swarm.get("LocalNodeState", "inactive") or "inactive",
+                swarm_node_id=swarm.get("NodeID", "") or "",
+                swarm_manager=bool(swarm.get("ControlAvailable")),
+                cgroup_version=str(d.get("CgroupVersion", "")),
+            )
+        return self._info
+
+    # -- networks and volumes ---------------------------------------------------------
+    def create_network(self, name: str, labels: dict[str, str]) -> str:
+        with _errors(f"create network {name}"):
+            return self.api.create_network(name, driver="bridge", labels=labels, check_duplicate=True)["Id"]
+
+    def remove_network(self, name_or_id: str) -> None:
+        with _ignore_missing(), _errors(f"remove network {name_or_id}"):
+            self.api.remove_network(name_or_id)
+
+    def networks(self, cluster: str | None = None) -> list[Network]:
+        with _errors("list networks"):
+            raw = self.api.networks(filters={"label": _label_filter(cluster)})
+        return [Network(n["Id"], n["Name"], n.get("Labels") or {}, n.get("Driver", ""), self.name) for n in raw]
+
+    def create_volume(self, name: str, labels: dict[str, str]) -> None:
+        with _errors(f"create volume {name}"):
+            self.api.create_volume(name=name, labels=labels)
+
+    def remove_volume(self, name: str) -> None:
+        with _ignore_missing(), _errors(f"remove volume {name}"):
+            self.api.remove_volume(name, force=True)
+
+    def volumes(self, cluster: str | None = None) -> list[Volume]:
+        with _errors("list volumes"):
+            raw = self.api.volumes(filters={"label": _label_filter(cluster)}).get("Volumes") or []
+        return [Volume(v["Name"], v.get("Labels") or {}, self.name) for v in raw]
+
+    # -- containers -------------------------------------------------------------------
+    def create_container(self, spec: ContainerSpec) -> str:
+        api = self.api
+        host_kw: dict[str, Any] = {
+            "init": spec.init,
+            "binds": {vol: {"bind": path, "mode": "rw"} for vol, path in spec.volumes.items()},
+        }
+        if spec.network_of:
+            host_kw["network_mode"] = f"container:{spec.network_of}"
+        elif spec.network:
+            host_kw["network_mode"] = spec.network
+        if spec.cpu_limit:
+            host_kw["nano_cpus"] = int(spec.cpu_limit * 1e9)
+        elif spec.cpu_quota and spec.cpu_quota > 0:
+            host_kw.update(cpu_quota=spec.cpu_quota, cpu_period=spec.cpu_period or 100000)
+        if spec.memory_bytes:
+            host_kw["mem_limit"] = spec.memory_bytes
+            host_kw["memswap_limit"] = spec.memory_bytes
+        if spec.ports:
+            host_kw["port_bindings"] = {p: hp for p, hp in spec.ports.items()}
+        if spec.cap_add:
+            host_kw["cap_add"] = spec.cap_add
+        if spec.security_opt:
+            host_kw["security_opt"] = spec.security_opt
+        devices = list(spec.devices)
+        env = dict(spec.environment)
+        if spec.gpus:
+            from docker.types import DeviceRequest
+
+            devices += spec.gpus.devices
+            env.update(spec.gpus.environment)
+            for path in spec.gpus.binds_ro:
+                host_kw["binds"][path] = {"bind": path, "mode": "ro"}
+            if spec.gpus.device_requests:
+                host_kw["device_requests"] = [DeviceRequest(**r) for r in spec.gpus.device_requests]
+        if devices:
+            host_kw["devices"] = devices
+        net_cfg = None
+        if spec.network and not spec.network_of:
+            aliases = [spec.hostname] if spec.hostname else None
+            net_cfg = api.create_networking_config({spec.network: api.create_endpoint_config(aliases=aliases)})
+        with _errors(f"create container {spec.name}"):
+            res = api.create_container(
+                spec.image,
+                command=spec.command,
+                name=spec.name,
+                hostname=spec.hostname if not spec.network_of else None,
+                labels=spec.labels,
+                environment=env,
+                ports=list(spec.ports) or None,
+                host_config=api.create_host_config(**host_kw),
+                networking_config=net_cfg,
+            )
+        return res["Id"]
+
+    def put_files(self, container: str, directory: str, files: FileMap) -> None:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            for name, (content, mode, uid) in files.items():
+                ti = tarfile.TarInfo(name)
+                ti.size, ti.mode, ti.uid, ti.gid, ti.mtime = len(content), mode, uid, uid, int(time.time())
+                tar.addfile(ti, io.BytesIO(content))
+        with _errors(f"copy files into {container}:{directory}"):
+            self.api.put_archive(container, directory, buf.getvalue())
+
+    def get_file(self, container: str, path: str) -> bytes:
+        with _errors(f"read {container}:{path}"):
+            stream, _ = self.api.get_archive(container, path)
+            data = b"".join(stream)
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            member = tar.next()
+            f = tar.extractfile(member) if member else None
+            return f.read() if f else b""
+
+    def get_dir(self, container: str, path: str) -> dict[str, bytes]:
+        try:
+            with _errors(f"read {container}:{path}"):
+                stream, _ = self.api.get_archive(container, path)
+                data = b"".join(stream)
+        except ObjectMissing:
+            return {}
+        out = {}
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            for m in tar:
+                f = tar.extractfile(m) if m.isfile() else None
+                if f is not None:
+                    out[m.name.split("/", 1)[1] if "/" in m.name else m.name] = f.read()
+        return out
+
+    def start(self, container: str) -> None:
+        with _errors(f"start {container}"):
+            self.api.start(container)
+
+    def restart(self, container: str, timeout: int = 2) -> None:
+        with _errors(f"restart {container}"):
+            self.api.restart(container, timeout=timeout)
+
+    def kill(self, container: str) -> None:
+        try:
+            with _errors(f"kill {container}"):
+                self.api.kill(container)
+        except EngineError as e:
+            if e.status not in (404, 409):  # gone, or not running: nothing to kill
+                raise
+
+    def remove_container(self, container: str) -> None:
+        with _ignore_missing(), _errors(f"remove {container}"):
+            self.api.remove_container(container, force=True, v=False)
+
+    def containers(self, cluster: str | None = None, extra_labels: dict[str, str] | None = None) -> list[Container]:
+        flt = [_label_filter(cluster)] + [f"{k}={v}" for k, v in (extra_labels or {}).items()]
+        with _errors("list containers"):
+            raw = self.api.containers(all=True, filters={"label": flt})
+        out = []
+        for c in raw:
+            nets = (c.get("NetworkSettings") or {}).get("Networks") or {}
+            ip = next((n.get("IPAddress") for n in nets.values() if n.get("IPAddress")), None)
+            out.append(
+                Container(
+                    id=c["Id"],
+                    name=c["Names"][0].lstrip("/"),
+                    labels=c.get("Labels") or {},
+                    state=c.get("State", ""),
+                    exit_code=_exit_code(c.get("Status", "")),
+                    created=_iso(c.get("Created", 0)),
+                    image=c.get("Image", ""),
+                    ip=ip,
+                    host=self.name,
+                )
+            )
+        return out
+
+    def inspect(self, container: str) -> ContainerDetails:
+        with _errors(f"inspect {container}"):
+            d = self.api.inspect_container(container)
+        st, hc = d.get("State") or {}, d.get("HostConfig") or {}
+        return ContainerDetails(
+            id=d["Id"],
+            name=d.get("Name", "").lstrip("/"),
+            image=(d.get("Config") or {}).get("Image", ""),
+            labels=(d.get("Config") or {}).get("Labels") or {},
+            state=ContainerState(
+                status=st.get("Status", ""),
+                running=bool(st.get("Running")),
+                exit_code=int(st.get("ExitCode") or 0),
+                oom_killed=bool(st.get("OOMKilled")),
+                started_at=st.get("StartedAt", ""),
+                finished_at=st.get("FinishedAt", ""),
+                error=st.get("Error", ""),
+            ),
+            limits=Limits(
+                nano_cpus=int(hc.get("NanoCpus") or 0),
+                cpu_quota=int(hc.get("CpuQuota") or 0),
+                cpu_period=int(hc.get("CpuPeriod") or 0),
+                memory_bytes=int(hc.get("Memory") or 0),
+            ),
+            host=self.name,
+        )
+
+    def logs(self, container: str, tail: int | str = "all") -> str:
+        with _errors(f"logs of {container}"):
+            return self.api.logs(container, stdout=True, stderr=True, tail=tail).decode(errors="replace")
+
+    # -- exec -------------------------------------------------------------------------
+    def exec(
+        self,
+        container: str,
+        cmd: list[str],
+        *,
+        user: str = "root",
+        workdir: str | None = None,
+        environment: dict[str, str] | None = None,
+        stdin: bytes | None = None,
+    ) -> ExecResult:
+        api = self.api
+        with _errors(f"run {cmd[0]} in {container}"):
+            ex = api.exec_create(
+                container, cmd, user=user, workdir=workdir, environment=environment, stdin=stdin is not None
+            )
+            if stdin is None:
+                out = api.exec_start(ex["Id"])
+            else:
+                sock = api.exec_start(ex["Id"], socket=True)
+                raw = getattr(sock, "_sock", sock)
+                raw.sendall(stdin)
+                raw.shutdown(1)  # SHUT_WR: end of input
+                out = _read_multiplexed(raw)
+            code = api.exec_inspect(ex["Id"])["ExitCode"]
+        return ExecResult(code if code is not None else -1, out.decode(errors="replace"))
+
+    def exec_stream(
+        self,
+        container: str,
+        cmd: list[str],
+        *,
+        user: str = "root",
+        workdir: str | None = None,
+        environment: dict[str, str] | None = None,
+    ) -> ExecHandle:
+        api = self.api
+        with _errors(f"run {cmd[0]} in {container}"):
+            ex = api.exec_create(container, cmd, user=user, workdir=workdir, environment=environment)
+            return ExecHandle(api.exec_start(ex["Id"], stream=True, demux=True), ex["Id"])
+
+    def exec_exit_code(self, handle: ExecHandle) -> int:
+        with _errors("exec status"):
+            code = self.api.exec_inspect(handle.id)["ExitCode"]
+        return code if code is not None else -1
+
+    def exec_interactive(
+        self,
+        container: str,
+        cmd: list[str],
+        *,
+        user: str = "root",
+        workdir: str | None = None,
+        environment: dict[str, str] | None = None,
+    ) -> int:  # pragma: no cover - needs a terminal; exercised by hand (hp exec lab -- bash)
+        import select
+        import shutil
+        import sys
+        import termios
+        import tty
+
+        api = self.api
+        with _errors(f"run {cmd[0]} in {container}"):
+            ex = api.exec_create(
+                container, cmd, user=user, workdir=workdir, environment=environment, tty=True, stdin=True
+            )
+            sock = api.exec_start(ex["Id"], socket=True, tty=True)
+            size = shutil.get_terminal_size()
+            api.exec_resize(ex["Id"], height=size.lines, width=size.columns)
+        raw = getattr(sock, "_sock", sock)
+        fd = sys.stdin.fileno()
+        saved = termios.tcgetattr(fd)
+        try:
+            tty.setraw(fd)
+            while True:
+                ready, _, _ = select.select([raw, fd], [], [])
+                if raw in ready:
+                    data = raw.recv(65536)
+                    if not data:
+                        break
+                    os.write(sys.stdout.fileno(), data)
+                if fd in ready:
+                    data = os.read(fd, 65536)
+                    if not data:
+                        raw.shutdown(1)
+                    else:
+                        raw.sendall(data)
+        finally:
+            termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+        return self.exec_exit_code(ExecHandle(iter(()), ex["Id"]))
+
+    def events(self, cluster: str | None = None) -> _Events:
+        with _errors("event stream"):
+            raw = self.api.events(decode=True, filters={"type": "container", "label": [_label_filter(cluster)]})
+        return _Events(raw, self.name)
+
+    # -- images -----------------------------------------------------------------------
+    def image_id(self, ref: str) -> str | None:
+        try:
+            with _errors(f"inspect image {ref}"):
+                return self.api.inspect_image(ref)["Id"]
+        except ObjectMissing:
+            return None
+
+    def pull(self, repo: str, tag: str) -> None:
+        with _errors(f"pull {repo}:{tag}"):
+            self.api.pull(repo, tag=tag)
+
+    def import_image(self, tar_path: Path, repo: str, tag: str, changes: list[str]) -> None:
+        with _errors(f"import {repo}:{tag}"):
+            self.api.import_image_from_file(str(tar_path), repository=repo, tag=tag, changes=changes)
+
+    def build_image(self, context: Path, tag: str, target: str | None, buildargs: dict[str, str], log: Log) -> None:
+        tail: list[str] = []
+        with _errors(f"build {tag}"):
+            for chunk in self.api.build(
+                path=str(context), tag=tag, target=target, buildargs=buildargs, rm=True, forcerm=True, decode=True
+            ):
+                if "stream" in chunk:
+                    line = chunk["stream"].rstrip()
+                    if line:
+                        tail = (tail + [line])[-30:]
+                        log(line)
+                if "error" in chunk:
+                    raise EngineError(f"building {tag} failed: {chunk['error'].strip()}\n" + "\n".join(tail[-15:]))
+
+    def tag_image(self, ref: str, repo: str, tag: str) -> None:
+        with _errors(f"tag {ref}"):
+            self.api.tag(ref, repo, tag)
+
+    def save_images(self, refs: list[str], chunk_size: int = 4 << 20) -> Iterator[bytes]:
+        """One tar of several images, as `docker save a b c` (docker-py's get_image takes
+        a single name, hence the raw call)."""
+        api = self.api
+        with _errors("save images"):
+            res = api._get(api._url("/images/get"), params={"names": refs}, stream=True)
+            api._raise_for_status(res)
+            yield from api._stream_raw_result(res, chunk_size, False)
+
+    def load_images(self, data: IO[bytes] | bytes) -> list[str]:
+        msgs = []
+        with _errors("load images"):
+            for chunk in self.api.load_image(data, quiet=True):
+                if "error" in chunk:
+                    raise EngineError(f"loading images failed: {str(chunk['error']).strip()[:500]}")
+                if chunk.get("stream"):
+                    msgs.append(chunk["stream"].strip())
+        return msgs
+
+    def read_image_file(self, ref: str, path: str) -> bytes:
+        with _errors(f"read {path} of image {ref}"):
+            cid = self.api.create_container(ref, command=["true"], labels={L_MANAGED: "0"})["Id"]
+        try:
+            return self.get_file(cid, path)
+        finally:
+            self.remove_container(cid)
+
+
+class _Events:
+    """A closable iterator of Event views over docker-py's decoded event stream."""
+
+    def __init__(self, raw: Any, host: str):
+        self._raw = raw
+        self._host = host
+
+    def __iter__(self) -> Iterator[Event]:
+        with _errors("event stream"):
+            for ev in self._raw:
+                attrs = (ev.get("Actor") or {}).get("Attributes") or {}
+                code = attrs.get("exitCode")
+                t = ev.get("timeNano", 0) / 1e9 or float(ev.get("time", 0) or time.time())
+                yield Event(
+                    action=ev.get("Action") or ev.get("status") or "",
+                    container=ev.get("id") or (ev.get("Actor") or {}).get("ID", ""),
+                    labels={k: v for k, v in attrs.items() if k.startswith("io.hp.")},
+                    time=t,
+                    exit_code=int(code) if code and code.lstrip("-").isdigit() else None,
+                    host=self._host,
+                )
+
+    def close(self) -> None:
+        close = getattr(self._raw, "close", None)
+        if close is not None:
+            close()
+
+
+@contextmanager
+def _ignore_missing() -> Iterator[None]:
+    try:
+        yield
+    except ObjectMissing:
+        pass
+
+
+def _label_filter(cluster: str | None) -> str:
+    return f"{L_CLUSTER}={cluster}" if cluster else f"{L_MANAGED}=1"
+
+
+def _short(e: object) -> str:
+    s = str(e).splitlines()[0] if str(e) else type(e).__name__
+    return s[:300]
+
+
+def _exit_code(status: str) -> int:
+    # "Exited (137) 3 seconds ago"
+    if status.startswith("Exited ("):
+        try:
+            return int(status[8 : status.index(")")])
+        except ValueError:
+            return -1
+    return 0
+
+
+def _iso(ts: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+def _read_multiplexed(sock: Any) -> bytes:
+    """Read Docker's multiplexed stream (8-byte frame headers) until EOF."""
+    data = b""
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    out, i = b"", 0
+    while i + 8 <= len(data):
+        size = int.from_bytes(data[i + 4 : i + 8], "big")
+        out += data[i + 8 : i + 8 + size]
+        i += 8 + size
+    return out

@@ -1,0 +1,185 @@
+"""Build hp's images, tagged with a hash of their inputs.
+
+The build contexts ship inside the package (orchestrator/data/images), so a wheel
+installed anywhere builds the same images. A second build with nothing changed inspects
+the tags and builds nothing. The base is `debian:trixie-slim` when it is present or can
+be pulled; else it is made locally with debootstrap and imported (no registry needed,
+only a Debian mirror).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ..errors import EngineError, ObjectMissing, OperationFailed
+from .provider import Provider
+
+DATA = Path(__file__).resolve().parent.parent / "data"
+PULL_BASE = ("debian", "trixie-slim")
+LOCAL_BASE = "hp-base:trixie"
+DEBOOTSTRAP_TIMEOUT = 900.0
+
+Log = Callable[[str], None]
+
+
+def mirror() -> str:
+    return os.environ.get("HP_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+
+
+@dataclass(frozen=True)
+class ImageDef:
+    name: str  # logical name: controller, login, worker, check-cpu
+    context: str  # folder under orchestrator/data/images
+    target: str | None
+
+    def repo(self) -> str:
+        return f"hp-{self.name}"
+
+
+NODE_IMAGES = (
+    ImageDef("controller", "node", "controller"),
+    ImageDef("login", "node", "login"),
+    ImageDef("worker", "node", "worker"),
+)
+CHECK_IMAGES = (ImageDef("check-cpu", "check-cpu", None),)
+ALL_IMAGES = NODE_IMAGES + CHECK_IMAGES
+
+
+def context_hash(ctx: Path) -> str:
+    """What a build context's images depend on: each file's path, content and whether it
+    is executable. Not the other permission bits: a tree unpacked with another umask
+    (a `git archive`, a user with umask 002) builds the same images."""
+    h = hashlib.sha256()
+    for p in sorted(ctx.rglob("*")):
+        if p.is_file() and "__pycache__" not in p.parts:
+            h.update(str(p.relative_to(ctx)).encode() + b"\0")
+            h.update(b"x" if p.stat().st_mode & 0o111 else b"-")
+            h.update(p.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+class Images:
+    def __init__(self, provider: Provider, root: Path | None = None):
+        self.p = provider
+        self.root = root or DATA / "images"
+        self._base: tuple[str, str] | None = None  # (ref, image id)
+
+    # -- base -----------------------------------------------------------------------
+    def base(self, log: Log = lambda s: None, make: bool = True) -> tuple[str, str]:
+        """(reference, image id) of the base image, made if needed and `make`."""
+        if self._base:
+            return self._base
+        pulled = f"{PULL_BASE[0]}:{PULL_BASE[1]}"
+        for ref in (pulled, LOCAL_BASE):
+            if (iid := self.p.image_id(ref)) is not None:
+                self._base = (ref, iid)
+                return self._base
+        if not make:
+            raise OperationFailed("no base image: run 'hp images build'")
+        try:
+            log(f"pulling {pulled}")
+            self.p.pull(*PULL_BASE)
+        except EngineError as e:  # no registry: fall back to a local base
+            log(f"cannot pull {pulled} ({str(e).splitlines()[0][:120]}); making {LOCAL_BASE} with debootstrap")
+        else:
+            iid = self.p.image_id(pulled)
+            if iid is not None:
+                self._base = (pulled, iid)
+                return self._base
+        self._debootstrap(log)
+        iid = self.p.image_id(LOCAL_BASE)
+        if iid is None:
+            raise OperationFailed(f"importing {LOCAL_BASE} produced no image")
+        self._base = (LOCAL_BASE, iid)
+        return self._base
+
+    def _debootstrap(self, log: Log) -> None:
+        if not shutil.which("debootstrap"):
+            raise OperationFailed(
+                "no base image: debian:trixie-slim can't be pulled and debootstrap is not installed.\n"
+                "Install it (apt-get install -y debootstrap) and run as root, or make the pull work."
+            )
+        with tempfile.TemporaryDirectory(prefix="hp-rootfs-") as tmp:
+            rootfs = Path(tmp) / "rootfs"
+            cmd = ["debootstrap", "--variant=minbase", "trixie", str(rootfs), mirror()]
+            log(" ".join(cmd))
+            try:
+                r = subprocess.run(cmd, capture_output=True, text=True, timeout=DEBOOTSTRAP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                raise OperationFailed(
+                    f"debootstrap did not finish in {DEBOOTSTRAP_TIMEOUT:g} s: is the Debian mirror "
+                    f"{mirror()} reachable? (set HP_DEBIAN_MIRROR to another one)"
+                ) from None
+            if r.returncode != 0:
+                raise OperationFailed(
+                    f"debootstrap failed ({r.returncode}); is the Debian mirror {mirror()} reachable?\n"
+                    f"{(r.stdout + r.stderr)[-2000:]}"
+                )
+            tar_path = Path(tmp) / "rootfs.tar"
+            with tarfile.open(tar_path, "w") as tar:
+                tar.add(rootfs, arcname=".")
+            shutil.rmtree(rootfs, ignore_errors=True)
+            log(f"importing {LOCAL_BASE}")
+            repo, tag = LOCAL_BASE.split(":")
+            self.p.import_image(tar_path, repo, tag, ['CMD ["/bin/bash"]', "ENV LANG=C.UTF-8"])
+
+    # -- role images ----------------------------------------------------------------
+    def tag(self, d: ImageDef, base_id: str | None = None) -> str:
+        if base_id is None:
+            base_id = self.base(make=False)[1]
+        h = hashlib.sha256()
+        h.update(base_id.encode() + b"\0" + (d.target or "").encode() + b"\0")
+        h.update(context_hash(self.root / d.context).encode())
+        return f"{d.repo()}:{h.hexdigest()[:12]}"
+
+    def refs(self, defs: tuple[ImageDef, ...] = NODE_IMAGES) -> dict[str, str]:
+        """Image reference per logical name, for what is (or would be) built now."""
+        base_id = self.base(make=False)[1]
+        return {d.name: self.tag(d, base_id) for d in defs}
+
+    def exists(self, ref: str) -> bool:
+        return self.p.image_id(ref) is not None
+
+    def build(self, defs: tuple[ImageDef, ...] = ALL_IMAGES, log: Log = lambda s: None) -> dict[str, str]:
+        base_ref, base_id = self.base(log)
+        out = {}
+        for d in defs:
+            ref = self.tag(d, base_id)
+            out[d.name] = ref
+            if self.exists(ref):
+                log(f"{ref} is up to date")
+                continue
+            log(f"building {ref}")
+            self._build_one(d, ref, base_ref, log)
+        return out
+
+    def _build_one(self, d: ImageDef, ref: str, base_ref: str, log: Log) -> None:
+        def steps(line: str) -> None:
+            if line.startswith("Step "):
+                log(line)
+
+        try:
+            self.p.build_image(self.root / d.context, ref, d.target, {"BASE": base_ref}, steps)
+        except ObjectMissing as e:
+            raise OperationFailed(f"building {ref} failed: {e}") from None
+        if not self.exists(ref):
+            raise OperationFailed(f"building {ref} produced no image")
+        self.p.tag_image(ref, d.repo(), "latest")
+
+    def status(self) -> list[dict[str, str | bool]]:
+        try:
+            base_ref, base_id = self.base(make=False)
+        except OperationFailed:
+            return [{"Image": d.repo(), "Tag": "", "Present": False} for d in ALL_IMAGES]
+        return [
+            {"Image": d.repo(), "Tag": self.tag(d, base_id), "Present": self.exists(self.tag(d, base_id)), "Base": base_ref}
+            for d in ALL_IMAGES
+        ]

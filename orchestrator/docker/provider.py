@@ -1,0 +1,151 @@
+"""The provider interface: the container-engine operations hp needs, and nothing more
+(kind's provider interface is the model).
+
+Implementations:
+- `DockerEngine` (engine.py): one Docker engine through docker-py (the default: the
+  local engine, or DOCKER_HOST).
+- an in-memory fake for unit tests of orchestration logic (tests/fakes.py).
+
+Every method returns the typed views of views.py and raises the typed errors of
+orchestrator.errors: `EngineUnavailable` (no engine answers), `ObjectMissing` (no such
+container, image, network, volume), `EngineError` (the engine refused; `.status`),
+never a docker-py exception. Labels are the truth of what exists: `containers`,
+`networks` and `volumes` select by the cluster label (or every hp-managed object).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import IO, Callable, Iterator, Protocol, runtime_checkable
+
+from .views import (
+    Container,
+    ContainerDetails,
+    ContainerSpec,
+    EngineInfo,
+    EventStream,
+    ExecHandle,
+    ExecResult,
+    Network,
+    Volume,
+)
+
+FileMap = dict[str, tuple[bytes, int, int]]  # name -> (content, mode, uid)
+Log = Callable[[str], None]
+
+
+@runtime_checkable
+class Provider(Protocol):
+    # -- the engine -------------------------------------------------------------------
+    def ping(self) -> None:
+        """Raise EngineUnavailable (with how to start one) unless an engine answers."""
+
+    def info(self) -> EngineInfo:
+        """The engine's host: CPUs, memory, architecture, runtimes, swarm role."""
+
+    # -- networks and volumes -----------------------------------------------------------
+    def create_network(self, name: str, labels: dict[str, str]) -> str: ...
+
+    def remove_network(self, name_or_id: str) -> None:
+        """Remove a network; one that does not exist is no error."""
+
+    def networks(self, cluster: str | None = None) -> list[Network]: ...
+
+    def create_volume(self, name: str, labels: dict[str, str]) -> None: ...
+
+    def remove_volume(self, name: str) -> None:
+        """Remove a volume; one that does not exist is no error."""
+
+    def volumes(self, cluster: str | None = None) -> list[Volume]: ...
+
+    # -- containers ---------------------------------------------------------------------
+    def create_container(self, spec: ContainerSpec) -> str:
+        """Create (not start) a container; its id. A missing image is ObjectMissing; a
+        name in use is an EngineError with status 409."""
+
+    def start(self, container: str) -> None: ...
+
+    def restart(self, container: str, timeout: int = 2) -> None: ...
+
+    def kill(self, container: str) -> None:
+        """Kill a running container; one that does not exist or is stopped is no error."""
+
+    def remove_container(self, container: str) -> None:
+        """Remove (forcibly) a container; one that does not exist is no error."""
+
+    def containers(self, cluster: str | None = None, extra_labels: dict[str, str] | None = None) -> list[Container]:
+        """hp's containers (of one cluster), running or not."""
+
+    def inspect(self, container: str) -> ContainerDetails: ...
+
+    def logs(self, container: str, tail: int | str = "all") -> str: ...
+
+    def put_files(self, container: str, directory: str, files: FileMap) -> None:
+        """Copy files into a container, created or running."""
+
+    def get_file(self, container: str, path: str) -> bytes: ...
+
+    def get_dir(self, container: str, path: str) -> dict[str, bytes]:
+        """Regular files under a folder of a container (relative name -> content); {} if absent."""
+
+    # -- exec ---------------------------------------------------------------------------
+    def exec(
+        self,
+        container: str,
+        cmd: list[str],
+        *,
+        user: str = "root",
+        workdir: str | None = None,
+        environment: dict[str, str] | None = None,
+        stdin: bytes | None = None,
+    ) -> ExecResult:
+        """Run a command (an argv list: no shell) and collect its output (stdout and
+        stderr merged). A container that is not running is an EngineError (409)."""
+
+    def exec_stream(
+        self,
+        container: str,
+        cmd: list[str],
+        *,
+        user: str = "root",
+        workdir: str | None = None,
+        environment: dict[str, str] | None = None,
+    ) -> ExecHandle: ...
+
+    def exec_exit_code(self, handle: ExecHandle) -> int: ...
+
+    def exec_interactive(
+        self,
+        container: str,
+        cmd: list[str],
+        *,
+        user: str = "root",
+        workdir: str | None = None,
+        environment: dict[str, str] | None = None,
+    ) -> int:
+        """Run a command with this process's terminal attached; its exit code."""
+
+    def events(self, cluster: str | None = None) -> EventStream:
+        """Container events of hp's containers (of one cluster), as they happen; close()
+        ends the stream."""
+
+    # -- images -------------------------------------------------------------------------
+    def image_id(self, ref: str) -> str | None: ...
+
+    def pull(self, repo: str, tag: str) -> None: ...
+
+    def import_image(self, tar_path: Path, repo: str, tag: str, changes: list[str]) -> None: ...
+
+    def build_image(
+        self, context: Path, tag: str, target: str | None, buildargs: dict[str, str], log: Log
+    ) -> None: ...
+
+    def tag_image(self, ref: str, repo: str, tag: str) -> None: ...
+
+    def save_images(self, refs: list[str]) -> Iterator[bytes]:
+        """One tar of several images (layers they share stored once)."""
+
+    def load_images(self, data: IO[bytes] | bytes) -> list[str]: ...
+
+    def read_image_file(self, ref: str, path: str) -> bytes:
+        """A file of an image, without running it."""

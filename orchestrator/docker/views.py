@@ -1,0 +1,234 @@
+"""Small typed views of what a container engine holds, and the requests hp makes of it.
+
+Nothing outside `orchestrator.docker` sees a docker-py object or one of the engine's raw
+JSON documents: providers return these.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterator, Protocol
+
+from ..naming import L_GPUS, L_GROUP, L_INDEX, L_ITYPE, L_NODE, L_ROLE
+
+NODE_ROLES = ("controller", "login", "worker")  # not "check": health-check containers carry a node's labels too
+SERVICE_ROLES = ("accounting", "database", "rest", "fileserver")  # a cluster's service containers
+
+
+@dataclass(frozen=True)
+class Limits:
+    """A container's cgroup limits as the engine reports them now (0: none)."""
+
+    nano_cpus: int = 0
+    cpu_quota: int = 0
+    cpu_period: int = 0
+    memory_bytes: int = 0
+
+    @property
+    def granted_cpus(self) -> float | None:
+        if self.nano_cpus:
+            return self.nano_cpus / 1e9
+        if self.cpu_quota > 0:
+            return self.cpu_quota / (self.cpu_period or 100000)
+        return None
+
+    @property
+    def memory_mib(self) -> float | None:
+        return self.memory_bytes / 2**20 if self.memory_bytes else None
+
+
+@dataclass(frozen=True)
+class Container:
+    """One container, as listed (cheap: one call lists them all)."""
+
+    id: str
+    name: str
+    labels: dict[str, str]
+    state: str  # created, running, exited, dead, restarting, paused, removing
+    exit_code: int
+    created: str  # ISO 8601
+    image: str
+    ip: str | None
+    host: str = ""  # the engine (host) it lives on; "" for the single local engine
+
+    @property
+    def node(self) -> str | None:
+        return self.labels.get(L_NODE)
+
+    @property
+    def role(self) -> str:
+        return self.labels.get(L_ROLE, "")
+
+    @property
+    def group(self) -> str:
+        return self.labels.get(L_GROUP, "")
+
+    @property
+    def itype(self) -> str:
+        return self.labels.get(L_ITYPE, "")
+
+    @property
+    def index(self) -> int:
+        try:
+            return int(self.labels.get(L_INDEX, "0"))
+        except ValueError:
+            return 0
+
+    @property
+    def gpus(self) -> list[str]:
+        return [g for g in self.labels.get(L_GPUS, "").split(",") if g]
+
+    @property
+    def is_node(self) -> bool:
+        return self.node is not None and self.role in NODE_ROLES
+
+    @property
+    def running(self) -> bool:
+        return self.state == "running"
+
+    @property
+    def dead(self) -> bool:
+        return self.state in ("exited", "dead")
+
+
+@dataclass(frozen=True)
+class ContainerState:
+    status: str
+    running: bool
+    exit_code: int
+    oom_killed: bool
+    started_at: str
+    finished_at: str
+    error: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ContainerDetails:
+    """One container inspected (one call per container)."""
+
+    id: str
+    name: str
+    image: str
+    labels: dict[str, str]
+    state: ContainerState
+    limits: Limits
+    host: str = ""
+
+
+@dataclass(frozen=True)
+class Network:
+    id: str
+    name: str
+    labels: dict[str, str]
+    driver: str = "bridge"
+    host: str = ""
+
+
+@dataclass(frozen=True)
+class Volume:
+    name: str
+    labels: dict[str, str]
+    host: str = ""
+
+
+@dataclass(frozen=True)
+class Event:
+    """A container event of one of hp's containers (die, start, oom, destroy, create...)."""
+
+    action: str
+    container: str  # id
+    labels: dict[str, str]
+    time: float
+    exit_code: int | None = None
+    host: str = ""
+
+    @property
+    def node(self) -> str | None:
+        return self.labels.get(L_NODE)
+
+    @property
+    def role(self) -> str:
+        return self.labels.get(L_ROLE, "")
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What hp needs to know of an engine (its host's size, kind and swarm role)."""
+
+    name: str
+    server_version: str
+    os: str
+    arch: str
+    cpus: int
+    memory_bytes: int
+    runtimes: tuple[str, ...] = ()
+    cdi_spec_dirs: tuple[str, ...] = ()
+    swarm_state: str = "inactive"  # inactive, pending, active, error, locked
+    swarm_node_id: str = ""
+    swarm_manager: bool = False
+    cgroup_version: str = ""
+
+    @property
+    def memory_mib(self) -> int:
+        return self.memory_bytes // (1024 * 1024)
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    exit_code: int
+    output: str
+
+
+@dataclass
+class GpuWiring:
+    """How a container gets GPUs: engine device requests (NVIDIA runtime / CDI) or
+    plain device nodes plus the driver's files mounted read-only."""
+
+    device_requests: list[dict[str, Any]] = field(default_factory=list)  # {driver, device_ids, capabilities}
+    devices: list[str] = field(default_factory=list)  # "src:dst:rwm"
+    binds_ro: list[str] = field(default_factory=list)  # host paths mounted read-only at the same path
+    environment: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class ContainerSpec:
+    """A container to create. `network` attaches it to a named network (with its
+    hostname as alias); `network_of` puts it in another container's network namespace
+    (health-check containers)."""
+
+    name: str
+    image: str
+    labels: dict[str, str]
+    hostname: str | None = None
+    network: str | None = None
+    network_of: str | None = None
+    environment: dict[str, str] = field(default_factory=dict)
+    volumes: dict[str, str] = field(default_factory=dict)  # volume name -> mount path
+    cpu_limit: float | None = None  # cores (NanoCpus)
+    cpu_quota: int | None = None  # or a CFS quota and period
+    cpu_period: int | None = None
+    memory_bytes: int | None = None
+    gpus: GpuWiring | None = None
+    command: list[str] | None = None
+    ports: dict[int, tuple[str, int]] = field(default_factory=dict)  # container port -> (host ip, host port)
+    cap_add: list[str] = field(default_factory=list)
+    devices: list[str] = field(default_factory=list)  # "src:dst:rwm"
+    security_opt: list[str] = field(default_factory=list)
+    init: bool = True
+
+
+class EventStream(Protocol):
+    def __iter__(self) -> Iterator[Event]: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class ExecHandle:
+    """A streaming exec under way: its output chunks, and a way to get its exit code."""
+
+    chunks: Iterator[tuple[bytes | None, bytes | None]]
+    id: str

@@ -1,0 +1,265 @@
+"""Node recovery: reboot (restart the container) and replace (new container, same Slurm
+node name, new NodeId). Called by the recovery watcher, the deep health checks and
+`hp reboot` / `hp replace`.
+
+Each action records phases through the store's gate (Rebooting, Replacing, then
+Running; LaunchFailed hands a replacement that did not come up to the agent's
+reconciler, which retries it), so that other hp processes leave the node alone, and
+events, and waits until the node is usable again: a worker idle in Slurm, a login node
+reaching slurmctld, the controller answering.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from ..cluster.context import Cluster
+from ..cluster.launcher import Launcher
+from ..docker.views import Container
+from ..errors import TRANSIENT, BadInput, LaunchError, OperationFailed
+from ..naming import ROLE_BY_NODE_TYPE, node_id, split_node
+from ..slurm.model import ONSTART_REASON, SlurmNode
+from ..state.phases import Phase, allowed, owner
+
+POLL_S = 0.2
+RESUME_EVERY_S = 2.0
+
+
+@dataclass(frozen=True)
+class Target:
+    """The node acted on: its Slurm name, role, group and index, and its container if any."""
+
+    node: str
+    role: str
+    group: str
+    index: int
+    container: Container | None
+
+    @property
+    def node_id(self) -> str | None:
+        return node_id(self.container.id) if self.container else None
+
+    def label(self) -> str:
+        return f"Instance {self.node_id or '(none)'} ({self.node})"
+
+
+def target(cluster: Cluster, node: str) -> Target:
+    """Resolve a Slurm node name to what recovery needs; BadInput if the cluster has no such node."""
+    c = cluster.node_containers().get(node)
+    if c is not None:
+        return Target(node, c.role, c.group, c.index, c)
+    # No container (removed by someone): the name still says group and index.
+    base, idx = split_node(node)
+    groups = {g.InstanceGroupName.lower(): g for g in cluster.spec.InstanceGroups}
+    g = groups.get(base)
+    if g is None or not 1 <= idx <= max(g.InstanceCount, 1):
+        raise BadInput(f"cluster {cluster.name!r} has no node {node!r}")
+    return Target(node, ROLE_BY_NODE_TYPE[g.node_type], g.InstanceGroupName, idx, None)
+
+
+def request_problems(cluster: Cluster, action: str, nodes: list[str], timeout: float) -> list[str]:
+    """Every problem with a reboot/replace request by hand (nothing is done when any)."""
+    problems = []
+    if timeout <= 0:
+        problems.append(f"--timeout must be positive, got {timeout:g}")
+    latest = cluster.store.latest_phases(cluster.name)
+    now = time.time()
+    for n in nodes:
+        try:
+            t = target(cluster, n)
+        except BadInput as e:
+            problems += e.problems
+            continue
+        if action == "replace" and t.role == "controller":
+            problems.append(
+                f"{n} is the controller: it can be rebooted ('hp reboot {cluster.name} {n}'), "
+                "not replaced (its state lives on its volume)"
+            )
+        if action == "reboot" and t.container is None:
+            problems.append(f"{n} has no container to reboot; replace it with 'hp replace {cluster.name} {n}'")
+        phase, _, since = latest.get(n, ("", "", 0.0))
+        o = owner(phase or None, since, now)
+        to, done = (Phase.REBOOTING, "rebooted") if action == "reboot" else (Phase.REPLACING, "replaced")
+        if not allowed(phase or None, to):
+            problems.append(f"{n} is {phase} (owned by {o.value}): it cannot be {done} now; try again when it "
+                            "is Running")
+    return problems
+
+
+def reboot(cluster: Cluster, node: str, reason: str, wait: float = 60.0, keep_drained: str | None = None) -> bool:
+    """Restart the node's container; True when it is back idle (or usable) in Slurm.
+    With `keep_drained` (a drain reason), the node comes back drained with it: it takes
+    no job until whoever asked (a health check) resumes it."""
+    t = target(cluster, node)
+    store, name = cluster.store, cluster.name
+    if t.container is None:
+        _event(cluster, t, "Error", f"could not be rebooted ({reason}): it has no container")
+        return False
+    store.set_phase(name, node, Phase.REBOOTING, f"rebooting: {reason}")
+    _event(cluster, t, "Info", f"is being rebooted: {reason}")
+    t0 = time.monotonic()
+    try:
+        if keep_drained and t.role == "worker":
+            # keep the node's record, drained: a dynamic node's DRAIN survives a slurmd restart
+            try:
+                cluster.slurm.drain([node], keep_drained)
+            except OperationFailed:
+                pass  # the controller does not answer: the node registers anew
+        else:
+            _forget(cluster, t)
+        if t.container.running:
+            cluster.p.restart(t.container.id, timeout=2)
+        else:
+            cluster.p.start(t.container.id)
+        ok = wait_usable(cluster, t, t.container.id, t0 + wait, keep_drained)
+    except TRANSIENT as e:  # the engine or Slurm refused: the reboot failed, replace may help
+        ok, reason = False, f"{reason}; {str(e)[:200]}"
+    if ok:
+        store.set_phase(name, node, Phase.RUNNING)
+        _event(cluster, t, "Info", f"was rebooted: {reason} (back in {time.monotonic() - t0:.1f} s)")
+        if t.role == "controller":
+            reregister_lost(cluster, wait)
+    else:  # left Rebooting: recover() replaces it; a stale one is taken back later
+        _event(cluster, t, "Error", f"did not come back within {wait:g} s of a reboot: {reason}")
+    return ok
+
+
+def replace(cluster: Cluster, node: str, reason: str, wait: float = 60.0, keep_drained: str | None = None) -> bool:
+    """Remove the node's container and launch a new one with the same Slurm name.
+    With `keep_drained`, the new node registers drained with that reason."""
+    t = target(cluster, node)
+    if t.role == "controller":
+        raise BadInput(
+            f"{node} is the controller of cluster {cluster.name!r}: it can be rebooted "
+            f"('hp reboot {cluster.name} {node}'), not replaced (its state lives on its volume)"
+        )
+    store, name = cluster.store, cluster.name
+    group = cluster.group_of(t.group)
+    store.set_phase(name, node, Phase.REPLACING, f"replacing: {reason}")
+    _event(cluster, t, "Info", f"is being replaced: {reason}")
+    t0 = time.monotonic()
+    if t.container is not None:
+        cluster.p.remove_container(t.container.id)
+    _forget(cluster, t)
+    launcher = Launcher(cluster, _images(cluster, t))
+    res = launcher.create_many([(group, t.index)], drain_reason=keep_drained)[node]
+    err = res if isinstance(res, LaunchError) else launcher.start(res)
+    if err is not None:
+        store.set_phase(name, node, Phase.LAUNCH_FAILED, f"replacement could not be launched: {err}")
+        _event(cluster, t, "Error", f"could not be replaced ({reason}): {err}")
+        return False
+    assert isinstance(res, str)
+    new = Target(t.node, t.role, t.group, t.index, cluster.node_containers().get(node))
+    try:
+        ok = wait_usable(cluster, new, res, t0 + wait, keep_drained)
+    except TRANSIENT:  # e.g. the new container was removed meanwhile
+        ok = False
+    if ok:
+        store.set_phase(name, node, Phase.RUNNING)
+        _event(
+            cluster, t, "Info", f"was replaced by {new.node_id}: {reason} (up in {time.monotonic() - t0:.1f} s)", new.node_id
+        )
+    else:
+        store.set_phase(name, node, Phase.LAUNCH_FAILED, f"replacement did not register within {wait:g} s: {reason}")
+        _event(cluster, new, "Error", f"(replacement) did not come up within {wait:g} s: {reason}")
+    return ok
+
+
+def recover(cluster: Cluster, node: str, reason: str, wait: float = 60.0) -> bool:
+    """Reboot; replace if the reboot does not bring the node back (the controller is only rebooted)."""
+    if reboot(cluster, node, reason, wait):
+        return True
+    if target(cluster, node).role == "controller":
+        return False
+    return replace(cluster, node, f"{reason}; reboot did not bring it back", wait)
+
+
+def reregister_lost(cluster: Cluster, wait: float = 60.0) -> list[str]:
+    """A controller killed before it saved its state forgets the dynamic nodes that
+    registered since; their slurmd never registers again by itself. Reboot them."""
+    from ..cluster.context import parallel
+
+    try:
+        known = {n.name for n in cluster.slurm.nodes()}
+    except OperationFailed:
+        return []
+    lost = sorted(
+        n for n, c in cluster.node_containers().items() if c.role == "worker" and c.running and n not in known
+    )
+    parallel(lambda n: reboot(cluster, n, "Slurm forgot it when the controller restarted", wait), lost)
+    return lost
+
+
+def wait_usable(cluster: Cluster, t: Target, cid: str, deadline: float, keep_drained: str | None = None) -> bool:
+    """Wait until the node can be used: worker idle in Slurm (or registered drained with
+    hp's own reason: `keep_drained`, or a group's on-start check), login/controller
+    answering. False at the deadline or as soon as its container exits."""
+    ours = {r for r in (keep_drained, ONSTART_REASON) if r}
+    checks = 0
+    resumed_at = 0.0
+    while time.monotonic() < deadline:
+        if t.role == "controller" and cluster.slurm.ping():
+            return True
+        if t.role == "login" and cluster.slurm.ping_from(cid):
+            return True
+        if t.role == "worker":
+            snode = _slurm_node(cluster, t.node)
+            if snode is not None and snode.usable:
+                return True
+            if snode is not None and snode.drained and snode.reason in ours and not snode.not_responding:
+                return True
+            # Slurm keeps a FAIL (admin's Action:*) or DOWN node so until told: resume it
+            # once slurmd answers again (no NOT_RESPONDING), at most every 2 s.
+            if snode is not None and snode.needs_resume and time.monotonic() - resumed_at > RESUME_EVERY_S:
+                resumed_at = time.monotonic()
+                try:
+                    cluster.slurm.resume([t.node])
+                except OperationFailed:
+                    pass  # the controller may be restarting: next round
+        checks += 1
+        if checks % 10 == 0 and not cluster.p.inspect(cid).state.running:
+            return False
+        time.sleep(POLL_S)
+    return False
+
+
+def _slurm_node(cluster: Cluster, node: str) -> SlurmNode | None:
+    try:
+        return next((n for n in cluster.slurm.nodes() if n.name == node), None)
+    except OperationFailed:  # the controller may be restarting: unknown for now
+        return None
+
+
+def _forget(cluster: Cluster, t: Target) -> None:
+    """Delete a worker's Slurm record before it comes back, so that it registers afresh
+    (idle, no stale Action:* reason). Slurm refuses while the node holds jobs: then the
+    old record revives on registration (ReturnToService=2) or is resumed."""
+    if t.role != "worker":
+        return
+    try:
+        cluster.slurm.delete([t.node])
+    except OperationFailed:
+        pass
+
+
+def _images(cluster: Cluster, t: Target) -> dict[str, str]:
+    """hp's current node images; the old container's image where the current one is not built."""
+    refs = cluster.env.images.refs()
+    if t.container is not None and not cluster.env.images.exists(refs.get(t.role, "")):
+        refs[t.role] = t.container.image
+    return refs
+
+
+def _event(cluster: Cluster, t: Target, level: str, what: str, nid: str | None = None) -> None:
+    """An Instance event; `nid` is the NodeId it is filed under (a replacement's new one)."""
+    cluster.store.event(
+        cluster.name,
+        "Instance",
+        level,
+        f"{t.label()} in cluster {cluster.name} {what}",
+        t.group,
+        nid or t.node_id,
+        t.node,
+    )
+

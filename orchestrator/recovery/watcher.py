@@ -1,0 +1,221 @@
+"""Automatic node recovery: watch a cluster's containers (Docker events, at once) and its
+Slurm node states (a poll every 2 s), and reboot or replace nodes that died.
+
+The decision is rules.py's table; the watcher only observes, guards against acting
+twice or on nodes someone else owns, and runs each action on a thread of its own. Run by
+the per-cluster agent as `RecoveryWatcher(env, name).run(stop)`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable, Iterable
+
+from ..cluster.context import Cluster, Env
+from ..docker.views import Event
+from ..errors import TRANSIENT, EngineError, EngineUnavailable, report_bug
+from ..slurm.model import SlurmNode
+from . import actions
+from .rules import BACKOFF_S, LOST_AFTER_S, NONE, RECOVER, REBOOT, REPLACE, Seen, container_condition, decide
+from .rules import describe_fact, guard, slurm_condition
+
+log = logging.getLogger("hp.watch")
+
+POLL_S = 2.0
+# Cluster statuses in which the watcher leaves nodes alone: create and delete own them.
+HANDS_OFF_CLUSTER = ("Creating", "Deleting", "RollingBack", "Failed")
+
+Act = Callable[[Cluster, str, str, str, float], bool]
+
+
+def _act(cluster: Cluster, action: str, node: str, why: str, wait: float) -> bool:
+    fn = {REBOOT: actions.reboot, REPLACE: actions.replace, RECOVER: actions.recover}[action]
+    return fn(cluster, node, why, wait)
+
+
+class RecoveryWatcher:
+    """Watches one cluster and recovers its nodes; one thread per node action."""
+
+    def __init__(self, env: Env, name: str, wait: float = 60.0, act: Act | None = None):
+        self.env = env
+        self.name = name
+        self.cluster = Cluster(env, name)
+        self.wait = wait
+        self._act_fn = act or _act
+        self._lock = threading.Lock()
+        self._busy: dict[str, threading.Thread] = {}
+        self._last_done: dict[str, float] = {}
+        self._failures: dict[str, int] = {}
+        self._retry_at: dict[str, float] = {}
+        self._snodes: dict[str, SlurmNode] = {}
+        self._oom: set[str] = set()
+        self._absent_since: dict[str, float] = {}  # running workers Slurm has no record of
+        self._stream: Any = None  # the open Docker event stream, closed on stop
+
+    # -- main loop -----------------------------------------------------------------------
+    def run(self, stop: threading.Event) -> None:
+        """Until `stop` is set or the cluster is deleted."""
+        events = threading.Thread(
+            target=self._events_loop, args=(stop,), name=f"hp-watch-events-{self.name}", daemon=True
+        )
+        events.start()
+        while not stop.is_set():
+            try:
+                if not self.poll():
+                    break
+            except TRANSIENT as e:  # an engine hiccup must not end the watch
+                log.warning("poll of %s failed: %s", self.name, e)
+            stop.wait(POLL_S)
+        stop.set()
+        self._close_stream()
+        for t in list(self._busy.values()):
+            t.join(timeout=self.wait)
+
+    def _automatic(self) -> bool | None:
+        """NodeRecovery is Automatic? None while the cluster is not the watcher's to act on."""
+        row = self.env.store.cluster(self.name)
+        if row is None or row.status in HANDS_OFF_CLUSTER:
+            return None
+        return self.cluster.reload().NodeRecovery == "Automatic"
+
+    def poll(self) -> bool:
+        """One look at Docker and Slurm; act where the table says. False once the cluster is gone."""
+        if self.env.store.cluster(self.name) is None:
+            return False
+        automatic = self._automatic()
+        if automatic is None:
+            return True
+        at = time.time()
+        containers = self.cluster.node_containers()
+        ctl = containers.get(self.cluster.controller_host)
+        snodes: dict[str, SlurmNode] = {}
+        answered = False
+        if ctl is not None and ctl.running:
+            try:
+                snodes = {n.name: n for n in self.cluster.slurm.nodes()}
+                answered = True
+            except TRANSIENT as e:  # the controller may be restarting
+                log.info("Slurm of %s did not answer: %s", self.name, e)
+        with self._lock:
+            self._snodes = snodes
+        recorded = self.env.store.latest_phases(self.name)
+        for node in sorted(set(containers) | set(snodes)):
+            c = containers.get(node)
+            role = c.role if c else "worker"  # Slurm knows only workers
+            cond = container_condition(c.state if c else None)
+            sn = snodes.get(node)
+            why = describe_fact(cond, sn, c.exit_code if c else None, node in self._oom)
+            scond = self._lost(node, slurm_condition(sn), at, answered and role == "worker")
+            if scond == "lost":
+                why = f"Slurm has no record of it for {LOST_AFTER_S:g} s"
+            self.consider(Seen(node, role, cond, scond, at, why), automatic, recorded.get(node))
+        return True
+
+    def _lost(self, node: str, cond: str, at: float, counts: bool) -> str:
+        """A worker's 'absent' becomes 'lost' once it lasted LOST_AFTER_S (`counts`: a
+        worker, and Slurm answered)."""
+        if cond != "absent" or not counts:
+            self._absent_since.pop(node, None)
+            return cond
+        since = self._absent_since.setdefault(node, at)
+        return "lost" if at - since >= LOST_AFTER_S else cond
+
+    def on_event(self, ev: Event) -> None:
+        """A Docker container event: 'die' means the node's main process ended."""
+        node, role = ev.node, ev.role
+        if not node or role not in ("controller", "login", "worker"):
+            return
+        if ev.action == "oom":
+            with self._lock:
+                self._oom.add(node)  # the 'die' that follows says why
+            return
+        if ev.action != "die":
+            return
+        automatic = self._automatic()
+        if automatic is None:
+            return
+        with self._lock:
+            sn = self._snodes.get(node)
+            oom = node in self._oom
+        if role == "worker":  # Slurm's view now, not at the last poll: an admin may have drained it since
+            try:
+                sn = next((n for n in self.cluster.slurm.nodes() if n.name == node), None)
+            except TRANSIENT as e:  # the controller may be down too: use the last poll's
+                log.info("Slurm of %s did not answer: %s", self.name, e)
+        why = describe_fact("died", sn, ev.exit_code, oom)
+        seen = Seen(node, role, "died", slurm_condition(sn), ev.time or time.time(), why)
+        self.consider(seen, automatic, self.env.store.latest_phases(self.name).get(node))
+
+    def consider(self, seen: Seen, automatic: bool, recorded: tuple[str, str, float] | None) -> None:
+        action = decide(seen.role, seen.container, seen.slurm, automatic)
+        if action == NONE:
+            return
+        with self._lock:
+            t = self._busy.get(seen.node)
+            busy = t is not None and t.is_alive()
+            why_not = guard(
+                seen,
+                recorded,
+                busy,
+                self._last_done.get(seen.node, 0.0),
+                self._retry_at.get(seen.node, 0.0),
+                time.time(),
+            )
+            if why_not:
+                log.debug("%s: not acting (%s): %s", seen.node, action, why_not)
+                return
+            t = threading.Thread(
+                target=self._run_action, args=(seen, action), daemon=True, name=f"hp-recover-{self.name}-{seen.node}"
+            )
+            self._busy[seen.node] = t
+            t.start()
+        log.info("%s: %s (%s)", seen.node, action, seen.why)
+
+    def _run_action(self, seen: Seen, action: str) -> None:
+        try:
+            ok = self._act_fn(self.cluster, action, seen.node, seen.why, self.wait)
+        except TRANSIENT as e:  # report, back off, keep watching
+            log.warning("%s of %s failed: %s", action, seen.node, e)
+            ok = False
+        except Exception as e:  # a bug: reported; the node is backed off like a failure, never retried in a loop
+            report_bug(self.env.store, self.name, f"{action} of {seen.node}", e, log, node=seen.node)
+            ok = False
+        with self._lock:
+            self._last_done[seen.node] = time.time()
+            self._oom.discard(seen.node)
+            if ok:
+                self._failures.pop(seen.node, None)
+                self._retry_at.pop(seen.node, None)
+            else:
+                n = self._failures.get(seen.node, 0)
+                self._failures[seen.node] = n + 1
+                self._retry_at[seen.node] = time.time() + BACKOFF_S[min(n, len(BACKOFF_S) - 1)]
+
+    # -- Docker events -------------------------------------------------------------------
+    def _events_loop(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                self._stream = self.env.provider.events(self.name)
+                for ev in _until(self._stream, stop):
+                    self.on_event(ev)
+            except (EngineError, EngineUnavailable) as e:  # the engine restarted or the stream broke: reconnect
+                if not stop.is_set():
+                    log.info("event stream of %s broke: %s", self.name, e)
+            stop.wait(1.0)
+
+    def _close_stream(self) -> None:
+        s = self._stream
+        if s is not None:
+            try:
+                s.close()
+            except (EngineError, EngineUnavailable, OSError):  # closing a broken stream
+                pass
+
+
+def _until(stream: Iterable[Event], stop: threading.Event) -> Iterable[Event]:
+    for ev in stream:
+        if stop.is_set():
+            return
+        yield ev

@@ -1,0 +1,144 @@
+"""Talk to Slurm: its commands (with `--json` where they have it), run inside the
+cluster's containers through the provider.
+
+The only module that runs Slurm commands, so that pyslurm can replace it once a
+distribution ships the Slurm it compiles against. `Slurm` is the interface (a
+Protocol: the orchestration is unit-tested against an in-memory fake, tests/fakes.py),
+`SlurmCli` its implementation.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from ..docker.provider import Provider
+from ..errors import EngineError, OperationFailed
+from .model import JobInfo, SlurmNode, parse_jobs, parse_nodes
+
+
+@runtime_checkable
+class Slurm(Protocol):
+    def ping(self) -> bool:
+        """Does slurmctld answer? (False, never an error, when it or its container is down.)"""
+
+    def ping_from(self, container: str) -> bool:
+        """Does slurmctld answer from this node (a login node's sackd configuration)?"""
+
+    def nodes(self) -> list[SlurmNode]:
+        """Every node slurmctld knows. OperationFailed when it does not answer."""
+
+    def job(self, job_id: int) -> JobInfo | None:
+        """One job, also one that ended in the last MinJobAge seconds; None if unknown."""
+
+    def drain(self, nodes: list[str], reason: str) -> None: ...
+
+    def resume(self, nodes: list[str]) -> None: ...
+
+    def delete(self, nodes: list[str]) -> None:
+        """Remove dynamic nodes' records (Slurm refuses while they hold jobs)."""
+
+    def submit(
+        self, container: str, script: str, output: str, args: list[str], user: str, workdir: str, env: dict[str, str]
+    ) -> tuple[int | None, str]:
+        """sbatch a script on a node as `user`: (job id or None, sbatch's output)."""
+
+    def cancel(self, container: str, job_id: int, user: str) -> None: ...
+
+    def show_node(self, node: str) -> str:
+        """`scontrol show node` text, for logs."""
+
+    def overview(self) -> dict[str, str]:
+        """`sinfo -N -l` and `squeue -a -l` texts, for logs."""
+
+
+class SlurmCli:
+    """Slurm operations, run in the controller container (or the node given)."""
+
+    def __init__(self, provider: Provider, controller: str):
+        self.p = provider
+        self.controller = controller
+
+    def _run(self, *args: str) -> str:
+        try:
+            res = self.p.exec(self.controller, list(args))
+        except EngineError as e:  # e.g. the controller's container is not running
+            raise OperationFailed(f"{args[0]}: {e}") from None
+        if res.exit_code != 0:
+            raise OperationFailed(f"{' '.join(args)} failed ({res.exit_code}): {res.output.strip()[:500]}")
+        return res.output
+
+    def ping(self) -> bool:
+        return self.ping_from(self.controller)
+
+    def ping_from(self, container: str) -> bool:
+        try:
+            return self.p.exec(container, ["scontrol", "ping"]).exit_code == 0
+        except EngineError:  # the container is not running
+            return False
+
+    def nodes(self) -> list[SlurmNode]:
+        return parse_nodes(self._run("scontrol", "show", "nodes", "--json"))
+
+    def job(self, job_id: int) -> JobInfo | None:
+        try:
+            res = self.p.exec(self.controller, ["scontrol", "show", "job", "--json", str(int(job_id))])
+        except EngineError as e:
+            raise OperationFailed(f"scontrol show job: {e}") from None
+        return next(iter(parse_jobs(res.output)), None) if res.exit_code == 0 else None
+
+    def _update(self, nodes: list[str], state: str, reason: str | None = None) -> None:
+        if not nodes:
+            return
+        args = ["scontrol", "update", f"nodename={','.join(nodes)}", f"state={state}"]
+        if reason is not None:
+            args.append(f"reason={reason}")
+        self._run(*args)
+
+    def drain(self, nodes: list[str], reason: str) -> None:
+        self._update(nodes, "drain", reason)
+
+    def resume(self, nodes: list[str]) -> None:
+        self._update(nodes, "resume")
+
+    def delete(self, nodes: list[str]) -> None:
+        if nodes:
+            self._run("scontrol", "delete", f"nodename={','.join(nodes)}")
+
+    def submit(
+        self, container: str, script: str, output: str, args: list[str], user: str, workdir: str, env: dict[str, str]
+    ) -> tuple[int | None, str]:
+        try:
+            res = self.p.exec(
+                container,
+                ["sbatch", "--parsable", "-o", output, "-e", output, *args, script],
+                user=user,
+                workdir=workdir,
+                environment=env,
+            )
+        except EngineError as e:
+            raise OperationFailed(f"sbatch: {e}") from None
+        first = res.output.strip().splitlines()[-1].split(";")[0] if res.output.strip() else ""
+        if res.exit_code != 0 or not first.isdigit():
+            return None, res.output
+        return int(first), res.output
+
+    def cancel(self, container: str, job_id: int, user: str) -> None:
+        try:
+            self.p.exec(container, ["scancel", str(int(job_id))], user=user)
+        except EngineError as e:
+            raise OperationFailed(f"scancel: {e}") from None
+
+    def show_node(self, node: str) -> str:
+        try:
+            return self.p.exec(self.controller, ["scontrol", "show", "node", node]).output
+        except EngineError as e:
+            return f"scontrol show node {node}: {e}\n"
+
+    def overview(self) -> dict[str, str]:
+        out = {}
+        for name, cmd in (("sinfo.txt", ["sinfo", "-N", "-l"]), ("squeue.txt", ["squeue", "-a", "-l"])):
+            try:
+                out[name] = self.p.exec(self.controller, cmd).output
+            except EngineError as e:
+                out[name] = f"{' '.join(cmd)}: {e}\n"
+        return out

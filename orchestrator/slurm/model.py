@@ -1,0 +1,225 @@
+"""What Slurm's states and reasons mean, and the parsers of its `--json` output (Slurm 24.11,
+data_parser v0.0.42). Pure: nothing here runs a command.
+
+The one place that knows Slurm's vocabulary: node base states and flags, which reasons
+are Slurm's own, which are hp's (health checks, on-start checks, removal), which an
+admin's; which job states are final.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from ..errors import OperationFailed
+
+# -- reasons --------------------------------------------------------------------------
+HEALTH_PREFIX = "hp-health:"  # hp's deep health checks drain with hp-health:<request>:<check>[ failed: why]
+ONSTART_REASON = "hp-health:on-start:pending"  # new nodes of groups with on-start checks register drained so
+REMOVING_REASON = "hp: removing node"  # scale-down / delete-nodes drain
+DELETING_REASON = "hp delete"  # the whole cluster goes
+ACTION_REBOOT = "Action:Reboot"  # an admin's recovery requests (HyperPod's convention)
+ACTION_REPLACE = "Action:Replace"
+# Reasons Slurm itself sets on a node that stops answering or comes back unasked.
+SLURM_OWN_REASONS = ("Not responding", "Node unexpectedly rebooted")
+# Reasons hp may clear with `state=resume` once the node answers again: the admin's
+# recovery requests and Slurm's own verdicts. Any other reason is someone's.
+RESUMABLE_REASONS = (ACTION_REBOOT, ACTION_REPLACE, *SLURM_OWN_REASONS)
+
+# -- jobs -----------------------------------------------------------------------------
+JOB_ENDED = frozenset(
+    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"}
+)
+BUSY_STATES = ("ALLOCATED", "MIXED", "COMPLETING")
+
+
+def health_reason(request: str, check: str, why: str = "") -> str:
+    """The drain reason of a deep health check: names the request and the check."""
+    r = f"{HEALTH_PREFIX}{request}:{check}"
+    return f"{r} failed: {why}"[:200] if why else r
+
+
+def is_health_reason(reason: str, request: str | None = None) -> bool:
+    """hp's own health-check drain (of `request`, or of any request and the on-start one)."""
+    return reason.startswith(f"{HEALTH_PREFIX}{request}:" if request else HEALTH_PREFIX)
+
+
+def is_hp_reason(reason: str) -> bool:
+    return reason.startswith((HEALTH_PREFIX, REMOVING_REASON, DELETING_REASON))
+
+
+@dataclass(frozen=True)
+class SlurmNode:
+    name: str
+    state: tuple[str, ...]  # e.g. ("IDLE", "DYNAMIC_NORM"), ("IDLE", "DRAIN")
+    reason: str = ""
+    features: tuple[str, ...] = ()
+    partitions: tuple[str, ...] = ()
+    address: str = ""
+
+    @property
+    def base(self) -> str:
+        """The base state: IDLE, ALLOCATED, MIXED, DOWN, FUTURE, UNKNOWN..."""
+        return self.state[0] if self.state else "UNKNOWN"
+
+    @property
+    def flags(self) -> set[str]:
+        return set(self.state[1:])
+
+    @property
+    def drained(self) -> bool:
+        return bool({"DRAIN", "DRAINING", "DRAINED"} & self.flags)
+
+    @property
+    def not_responding(self) -> bool:
+        return "NOT_RESPONDING" in self.flags or self.base == "DOWN"
+
+    @property
+    def usable(self) -> bool:
+        """Idle and able to take jobs."""
+        return self.base == "IDLE" and not self.drained and not ({"NOT_RESPONDING", "FAIL", "MAINTENANCE"} & self.flags)
+
+    @property
+    def busy(self) -> bool:
+        """Running (or finishing) jobs."""
+        return self.base in BUSY_STATES
+
+    @property
+    def idle_drained(self) -> bool:
+        """Drained and running nothing (IDLE+DRAIN, not MIXED/ALLOCATED+DRAIN)."""
+        return self.base == "IDLE" and self.drained
+
+    @property
+    def held(self) -> bool:
+        """Kept out of service: down, failed or drained."""
+        return self.base == "DOWN" or bool({"FAIL", "DRAIN"} & self.flags)
+
+    @property
+    def awaiting_onstart(self) -> bool:
+        """Registered drained, waiting for its on-start deep health checks."""
+        return self.drained and self.reason == ONSTART_REASON
+
+    @property
+    def failed_health_check(self) -> bool:
+        """Kept drained by hp after failing a deep health check."""
+        return self.drained and self.reason.startswith(HEALTH_PREFIX) and " failed" in self.reason
+
+    @property
+    def admin_hold(self) -> bool:
+        """Drained/down/failed by someone for a reason of their own (not Slurm's, not hp's)."""
+        return self.held and bool(self.reason) and not self.reason.startswith((*SLURM_OWN_REASONS, HEALTH_PREFIX))
+
+    @property
+    def needs_resume(self) -> bool:
+        """Answers, but Slurm keeps it out of service for a reason hp may clear."""
+        return self.held and "NOT_RESPONDING" not in self.flags and self.reason.startswith(RESUMABLE_REASONS)
+
+    def condition(self) -> str:
+        """Slurm's view of the node, in the words of the recovery rules:
+        action_replace | action_reboot | admin_hold | not_responding | ok."""
+        # Slurm keeps the reason after a resume: only a node still held is asking for action.
+        if self.held and self.reason.startswith(ACTION_REPLACE):
+            return "action_replace"
+        if self.held and self.reason.startswith(ACTION_REBOOT):
+            return "action_reboot"
+        if self.admin_hold:
+            return "admin_hold"
+        if self.not_responding:
+            return "not_responding"
+        return "ok"
+
+    @property
+    def display(self) -> str:
+        """sinfo-like compact state, e.g. idle, alloc, drain, idle+drain."""
+        s = self.base.lower()
+        extra = [f.lower() for f in self.state[1:] if f not in ("DYNAMIC_NORM",)]
+        return "+".join([s, *extra])
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    job_id: int
+    state: str
+    nodes: str
+    exit_code: int | None = None
+
+    @property
+    def ended(self) -> bool:
+        return self.state in JOB_ENDED
+
+    def ci_exit_code(self) -> int:
+        """The exit code a CI step gets: the script's own; 1 when Slurm ended the job
+        another way (cancelled, node failure, time limit...) and left a 0 behind."""
+        if self.state == "COMPLETED":
+            return self.exit_code or 0
+        return self.exit_code or 1
+
+
+def parse_nodes(text: str) -> list[SlurmNode]:
+    """Parse `scontrol show nodes --json`."""
+    doc = _load(text)
+    out = []
+    for n in _list(doc, "nodes"):
+        feats = n.get("features") or []
+        if isinstance(feats, str):
+            feats = [f for f in feats.split(",") if f]
+        name = n.get("name")
+        if not isinstance(name, str):
+            raise OperationFailed(f"unexpected node record from Slurm: {str(n)[:200]}")
+        out.append(
+            SlurmNode(
+                name=name,
+                state=tuple(str(s) for s in (n.get("state") or ())),
+                reason=str(n.get("reason") or ""),
+                features=tuple(str(f) for f in feats),
+                partitions=tuple(str(p) for p in (n.get("partitions") or ())),
+                address=str(n.get("address") or ""),
+            )
+        )
+    return out
+
+
+def parse_jobs(text: str) -> list[JobInfo]:
+    """Parse `scontrol show job --json` / `squeue --json`."""
+    doc = _load(text)
+    out = []
+    for j in _list(doc, "jobs"):
+        st = j.get("job_state") or ["UNKNOWN"]
+        ec = j.get("exit_code") or {}
+        rc = ec.get("return_code", {}) if isinstance(ec, dict) else {}
+        code = rc.get("number") if isinstance(rc, dict) and rc.get("set") else None
+        try:
+            job_id = int(j["job_id"])
+        except (KeyError, TypeError, ValueError):
+            raise OperationFailed(f"unexpected job record from Slurm: {str(j)[:200]}") from None
+        out.append(
+            JobInfo(
+                job_id=job_id,
+                state=str(st[0] if isinstance(st, list) and st else st),
+                nodes=str(j.get("nodes") or ""),
+                exit_code=int(code) if isinstance(code, int) else None,
+            )
+        )
+    return out
+
+
+def _list(doc: dict, key: str) -> list[dict]:
+    items = doc.get(key) or []
+    if not isinstance(items, list):
+        raise OperationFailed(f"unexpected output from Slurm: {key} is not a list")
+    return [i for i in items if isinstance(i, dict)]
+
+
+def _load(text: str) -> dict:
+    """The JSON document of a Slurm command (anything before its first '{' is skipped);
+    Slurm's own errors as OperationFailed."""
+    try:
+        doc = json.loads(text[text.index("{") :])
+    except ValueError:
+        raise OperationFailed(f"unexpected output from Slurm: {text[:300]!r}") from None
+    if not isinstance(doc, dict):
+        raise OperationFailed(f"unexpected output from Slurm: {text[:300]!r}")
+    errs = [e.get("description") or e.get("error") for e in doc.get("errors") or [] if isinstance(e, dict)]
+    if errs and not doc.get("nodes") and not doc.get("jobs"):
+        raise OperationFailed("Slurm: " + "; ".join(str(e) for e in errs))
+    return doc

@@ -1,0 +1,59 @@
+"""The instance-type catalogue: what a node of a type gets and advertises."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import yaml
+
+from ..errors import BadInput
+
+
+@dataclass(frozen=True)
+class InstanceType:
+    name: str
+    vcpus: int  # CPUs advertised to Slurm
+    cpu_limit: float  # cores of the host the container may use (cgroup quota)
+    memory_mib: int  # container memory limit and Slurm RealMemory
+    gpus: int = 0
+    # Deep health-check thresholds (HealthThresholds in the YAML), e.g. IperfGbps.
+    health: dict[str, float] = field(default_factory=dict, hash=False, compare=False)
+
+
+def _parse(doc: object, source: str) -> dict[str, InstanceType]:
+    if not isinstance(doc, dict):
+        raise BadInput(f"{source}: expected a mapping of type name to its fields", "bad instance-type file")
+    out: dict[str, InstanceType] = {}
+    problems = []
+    for name, f in doc.items():
+        try:
+            out[str(name)] = InstanceType(
+                name=str(name),
+                vcpus=int(f["VCpus"]),
+                cpu_limit=float(f["CpuLimit"]),
+                memory_mib=int(f["MemoryMiB"]),
+                gpus=int(f.get("Gpus", 0)),
+                health={str(k): float(v) for k, v in (f.get("HealthThresholds") or {}).items()},
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            problems.append(f"{source}: {name}: needs VCpus, CpuLimit, MemoryMiB (and optional Gpus, HealthThresholds): {e}")
+    if problems:
+        raise BadInput(problems, "bad instance-type file")
+    return out
+
+
+def load_catalogue(extra: str | os.PathLike[str] | None = None) -> dict[str, InstanceType]:
+    """The shipped catalogue, overlaid by `extra` or $HP_INSTANCE_TYPES if set."""
+    text = resources.files("orchestrator").joinpath("data/instance-types.yaml").read_text()
+    types = _parse(yaml.safe_load(text), "built-in catalogue")
+    extra = extra or os.environ.get("HP_INSTANCE_TYPES")
+    if extra:
+        p = Path(extra)
+        try:
+            doc = yaml.safe_load(p.read_text())
+        except OSError as e:
+            raise BadInput(f"cannot read instance-type file {p}: {e.strerror}") from None
+        types.update(_parse(doc, str(p)))
+    return types

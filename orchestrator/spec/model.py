@@ -1,0 +1,274 @@
+"""Cluster spec in the shape of HyperPod's CreateCluster request, and its validation.
+
+Validation collects every problem (with its path in the spec) before failing, as
+kind does: the user fixes a spec once, not once per error.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..errors import BadInput
+from .catalogue import InstanceType
+
+NAME_RE = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9])*$")
+NAME_MAX = 63
+SLURM_MAX_NODES = 65536  # slurmctld refuses a MaxNodeCount above this
+MIN_MAX_NODES = 128
+CHECKS = ("InstanceStress", "InstanceConnectivity")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+
+class SlurmConfig(_Model):
+    NodeType: Literal["Controller", "Login", "Compute"]
+    PartitionNames: list[str] = Field(default_factory=list)
+
+
+class InstanceGroup(_Model):
+    InstanceGroupName: str
+    InstanceType: str
+    InstanceCount: int = Field(strict=True)
+    MinCount: int | None = Field(default=None, strict=True)
+    SlurmConfig: SlurmConfig
+    OnStartDeepHealthChecks: list[Literal["InstanceStress", "InstanceConnectivity"]] = Field(default_factory=list)
+    Image: str | None = None  # override of the role's image (lab use: a custom or broken image)
+    # accepted for compatibility with HyperPod files, not used
+    LifeCycleConfig: dict[str, Any] | None = None
+    ExecutionRole: str | None = None
+    ThreadsPerCore: int | None = None
+    InstanceStorageConfigs: list[Any] | None = None
+    TrainingPlanArn: str | None = None
+    OverrideVpcConfig: dict[str, Any] | None = None
+    ScheduledUpdateConfig: dict[str, Any] | None = None
+
+    @property
+    def node_type(self) -> str:
+        return self.SlurmConfig.NodeType
+
+    @property
+    def partition(self) -> str | None:
+        p = self.SlurmConfig.PartitionNames
+        return p[0] if p else None
+
+
+class ClusterSpec(_Model):
+    ClusterName: str
+    InstanceGroups: list[InstanceGroup]
+    NodeRecovery: Literal["Automatic", "None"] = "Automatic"
+    NodeProvisioningMode: Literal["Continuous", "AllOrNothing"] | None = None
+    VpcConfig: dict[str, Any] | None = None
+    Tags: list[Any] | None = None
+    Orchestrator: dict[str, Any] | None = None
+    ClusterRole: str | None = None
+    AutoScaling: dict[str, Any] | None = None
+    # hp's own: Slurm's dynamic-node slots (default: 4x the compute nodes, at least 128),
+    # fixed when the cluster is created; recorded with the spec
+    MaxNodeCount: int | None = Field(default=None, strict=True)
+
+    @property
+    def continuous(self) -> bool:
+        return self.NodeProvisioningMode == "Continuous"
+
+    def group(self, name: str) -> InstanceGroup | None:
+        return next((g for g in self.InstanceGroups if g.InstanceGroupName == name), None)
+
+    @property
+    def controller(self) -> InstanceGroup:
+        return next(g for g in self.InstanceGroups if g.node_type == "Controller")
+
+    @property
+    def login(self) -> InstanceGroup | None:
+        return next((g for g in self.InstanceGroups if g.node_type == "Login"), None)
+
+    @property
+    def compute(self) -> list[InstanceGroup]:
+        return [g for g in self.InstanceGroups if g.node_type == "Compute"]
+
+    @property
+    def max_nodes(self) -> int:
+        """Slurm's dynamic-node slots: MaxNodeCount, or the default for the compute nodes."""
+        if self.MaxNodeCount is not None:
+            return self.MaxNodeCount
+        n = sum(g.InstanceCount for g in self.compute)
+        return min(max(MIN_MAX_NODES, 4 * n), SLURM_MAX_NODES)
+
+
+DEFAULT_SPEC: dict[str, Any] = {
+    "ClusterName": "hp",
+    "NodeRecovery": "Automatic",
+    "InstanceGroups": [
+        {"InstanceGroupName": "controller", "InstanceType": "cpu.small", "InstanceCount": 1,
+         "SlurmConfig": {"NodeType": "Controller"}},
+        {"InstanceGroupName": "login", "InstanceType": "cpu.small", "InstanceCount": 1,
+         "SlurmConfig": {"NodeType": "Login"}},
+        {"InstanceGroupName": "cpu-a", "InstanceType": "cpu.small", "InstanceCount": 2,
+         "SlurmConfig": {"NodeType": "Compute", "PartitionNames": ["cpu-a"]}},
+        {"InstanceGroupName": "cpu-b", "InstanceType": "cpu.small", "InstanceCount": 2,
+         "SlurmConfig": {"NodeType": "Compute", "PartitionNames": ["cpu-b"]}},
+    ],
+}
+
+
+def name_problem(what: str, name: object) -> str | None:
+    if not isinstance(name, str):
+        return f"{what} must be a string"
+    if len(name) > NAME_MAX:
+        return f"{what} {name!r} is longer than {NAME_MAX} characters"
+    if not NAME_RE.match(name):
+        return f"{what} {name!r} must match [a-zA-Z0-9](-*[a-zA-Z0-9])*"
+    return None
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in ("literal['InstanceStress','InstanceConnectivity']",):
+            continue
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "(spec)"
+
+
+def _semantic_problems(raw: dict[str, Any], catalogue: dict[str, InstanceType]) -> list[str]:
+    """Rules HyperPod enforces, checked on the raw document so that they are reported
+    together with type errors."""
+    problems: list[str] = []
+    if "ClusterName" in raw and (p := name_problem("ClusterName", raw["ClusterName"])):
+        problems.append(p)
+    groups = raw.get("InstanceGroups")
+    if not isinstance(groups, list):
+        return problems
+    if not groups:
+        problems.append("InstanceGroups: at least a Controller group is required")
+    counts = {"Controller": 0, "Login": 0, "Compute": 0}
+    seen: dict[str, int] = {}
+    partitions: dict[str, str] = {}
+    for i, g in enumerate(groups):
+        if not isinstance(g, dict):
+            continue
+        path = f"InstanceGroups[{i}]"
+        name = g.get("InstanceGroupName")
+        if name is not None and (p := name_problem(f"{path}.InstanceGroupName", name)):
+            problems.append(p)
+        elif isinstance(name, str):
+            if name.lower() in seen:
+                problems.append(f"{path}.InstanceGroupName: {name!r} is already used by InstanceGroups[{seen[name.lower()]}]")
+            seen.setdefault(name.lower(), i)
+        itype = g.get("InstanceType")
+        if isinstance(itype, str) and itype not in catalogue:
+            problems.append(f"{path}.InstanceType: unknown instance type {itype!r} (known: {', '.join(sorted(catalogue))})")
+        sc = g.get("SlurmConfig")
+        ntype = sc.get("NodeType") if isinstance(sc, dict) else None
+        count = g.get("InstanceCount")
+        if ntype in counts:
+            counts[ntype] += 1
+        if isinstance(count, int) and not isinstance(count, bool):
+            if count < 0:
+                problems.append(f"{path}.InstanceCount: must be >= 0, got {count}")
+            if ntype == "Controller" and count != 1:
+                problems.append(f"{path}.InstanceCount: a Controller group has exactly 1 instance, got {count}")
+            mc = g.get("MinCount")
+            if isinstance(mc, int) and not isinstance(mc, bool) and (mc < 0 or mc > count):
+                problems.append(f"{path}.MinCount: must be between 0 and InstanceCount ({count}), got {mc}")
+        if isinstance(sc, dict):
+            parts = sc.get("PartitionNames")
+            if ntype == "Compute":
+                if not isinstance(parts, list) or len(parts) != 1:
+                    problems.append(f"{path}.SlurmConfig.PartitionNames: a Compute group has exactly one partition")
+                elif isinstance(parts[0], str):
+                    pn = parts[0]
+                    if p := name_problem(f"{path}.SlurmConfig.PartitionNames[0]", pn):
+                        problems.append(p)
+                    elif pn == "dev":
+                        problems.append(f"{path}.SlurmConfig.PartitionNames[0]: 'dev' is the default partition every compute node is in; pick another name")
+                    elif pn in partitions:
+                        problems.append(f"{path}.SlurmConfig.PartitionNames[0]: partition {pn!r} is already used by group {partitions[pn]!r}")
+                    else:
+                        partitions[pn] = str(name)
+            elif ntype in ("Controller", "Login") and parts:
+                problems.append(f"{path}.SlurmConfig.PartitionNames: only Compute groups have partitions")
+    compute_total = sum(
+        g.get("InstanceCount") for g in groups
+        if isinstance(g, dict) and isinstance(g.get("InstanceCount"), int) and not isinstance(g.get("InstanceCount"), bool)
+        and isinstance(g.get("SlurmConfig"), dict) and g["SlurmConfig"].get("NodeType") == "Compute"
+    )
+    mnc = raw.get("MaxNodeCount")
+    if isinstance(mnc, int) and not isinstance(mnc, bool):
+        if not 1 <= mnc <= SLURM_MAX_NODES:
+            problems.append(f"MaxNodeCount: must be between 1 and {SLURM_MAX_NODES} (Slurm's limit), got {mnc}")
+        elif compute_total > mnc:
+            problems.append(f"InstanceGroups: {compute_total} compute nodes are more than MaxNodeCount {mnc}")
+    elif compute_total > SLURM_MAX_NODES:
+        problems.append(
+            f"InstanceGroups: {compute_total} compute nodes are more than Slurm can hold ({SLURM_MAX_NODES} nodes)"
+        )
+    if counts["Controller"] != 1:
+        problems.append(f"InstanceGroups: exactly one group with SlurmConfig.NodeType Controller is required, found {counts['Controller']}")
+    if counts["Login"] > 1:
+        problems.append(f"InstanceGroups: at most one group with SlurmConfig.NodeType Login is allowed, found {counts['Login']}")
+    return problems
+
+
+def validate(raw: object, catalogue: dict[str, InstanceType], *, name: str | None = None) -> ClusterSpec:
+    """Validate a spec document; raise BadInput listing every problem."""
+    if not isinstance(raw, dict):
+        raise BadInput("the spec must be a mapping (YAML or JSON object)", "invalid cluster spec")
+    raw = dict(raw)
+    if name is not None:
+        raw["ClusterName"] = name
+    problems: list[str] = []
+    spec = None
+    try:
+        spec = ClusterSpec.model_validate(raw)
+    except ValidationError as e:
+        for err in e.errors():
+            kind = err["type"]
+            loc = _loc(err["loc"])
+            if kind == "extra_forbidden":
+                problems.append(f"{loc}: unknown key")
+            elif kind == "missing":
+                problems.append(f"{loc}: required")
+            else:
+                problems.append(f"{loc}: {err['msg']} (got {err.get('input')!r})")
+    problems += _semantic_problems(raw, catalogue)
+    if problems or spec is None:
+        raise BadInput(problems, "invalid cluster spec")
+    return spec
+
+
+MODES = {"continuous": "Continuous", "all-or-nothing": None}
+
+
+def with_overrides(
+    raw: object,
+    catalogue: dict[str, InstanceType],
+    *,
+    name: str | None = None,
+    mode: str | None = None,
+    problems: list[str] | None = None,
+) -> ClusterSpec:
+    """Validate a spec document with the command line's overrides (--name, --mode);
+    BadInput listing every problem, `problems` (found by the caller) included."""
+    problems = list(problems or [])
+    if mode is not None:
+        if mode not in MODES:
+            problems.append(f"--mode must be continuous or all-or-nothing, got {mode!r}")
+        elif isinstance(raw, dict):
+            raw = {k: v for k, v in raw.items() if k != "NodeProvisioningMode"}
+            if MODES[mode]:
+                raw["NodeProvisioningMode"] = MODES[mode]
+    try:
+        spec = validate(raw, catalogue, name=name)
+    except BadInput as e:
+        problems += e.problems
+        spec = None
+    if problems or spec is None:
+        raise BadInput(problems, "invalid cluster spec")
+    return spec

@@ -1,0 +1,153 @@
+"""Honest status: derived from what Docker and Slurm report now, joined with hp's
+recorded history (why a node is pending, what operation is on it). Pure functions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..docker.views import Container
+from ..naming import ROLE_BY_NODE_TYPE, group_prefix, node_id, split_node
+from ..slurm.model import SlurmNode
+from ..spec.model import ClusterSpec
+from .phases import visible
+from .store import Latest
+
+
+@dataclass
+class NodeView:
+    node: str
+    group: str
+    itype: str
+    role: str
+    container: Container | None
+    slurm: SlurmNode | None
+    status: str
+    message: str
+
+    def as_dict(self) -> dict[str, Any]:
+        c = self.container
+        return {
+            "NodeId": node_id(c.id) if c else None,
+            "InstanceGroupName": self.group,
+            "InstanceType": self.itype,
+            "NodeRole": self.role,
+            "InstanceStatus": {"Status": self.status, "Message": self.message},
+            "SlurmNodeName": self.node,
+            "SlurmState": self.slurm.display if self.slurm else ("n/a" if self.role != "worker" else None),
+            "SlurmReason": (self.slurm.reason or None) if self.slurm else None,
+            "ContainerName": c.name if c else None,
+            "IpAddress": c.ip if c else None,
+            "Host": (c.host or None) if c else None,
+            "LaunchTime": c.created if c else None,
+        }
+
+
+def instance_status(
+    role: str,
+    container: Container | None,
+    snode: SlurmNode | None,
+    recorded: tuple[str, str, float] | None,
+    controller_up: bool,
+) -> tuple[str, str]:
+    """HyperPod InstanceStatus (Pending, Running, Failure, ShuttingDown,
+    DeepHealthCheckInProgress, NotFound) and a message."""
+    rec_status, rec_msg = (visible(recorded[0]), recorded[1]) if recorded else ("", "")
+    if rec_status == "ShuttingDown" and container is not None:
+        return rec_status, rec_msg
+    if rec_status == "DeepHealthCheckInProgress" and container is not None:
+        # isolated only once Slurm shows it drained: until then it could still take a job
+        if snode is not None and snode.drained:
+            return rec_status, rec_msg
+        if controller_up and container.running:
+            return "Running", f"{rec_msg}: being drained for the check" if rec_msg else "being drained for a check"
+    if container is None:
+        if rec_status == "Pending":
+            return "Pending", rec_msg
+        return "NotFound", rec_msg or "no container"
+    if container.dead:
+        return "Failure", f"container exited with code {container.exit_code}" + (f"; {rec_msg}" if rec_msg else "")
+    if container.state == "created":
+        return "Pending", rec_msg or "container created, not started"
+    if not container.running:
+        return "Pending", f"container is {container.state}"
+    if role != "worker":
+        return "Running", ""
+    if not controller_up:
+        return "Running", "controller unreachable: Slurm state unknown"
+    if snode is None:
+        return "Pending", rec_msg or "waiting for slurmd to register"
+    if snode.not_responding:
+        return "Failure", f"Slurm reports {snode.display}" + (f": {snode.reason}" if snode.reason else "")
+    if snode.awaiting_onstart:
+        return "DeepHealthCheckInProgress", "waiting for its on-start deep health checks"
+    if snode.failed_health_check:
+        return "Failure", snode.reason  # kept drained after failing a deep health check
+    return "Running", snode.reason if snode.drained else ""
+
+
+def node_views(
+    spec: ClusterSpec,
+    containers: dict[str, Container],
+    snodes: dict[str, SlurmNode],
+    recorded: Latest,
+    controller_up: bool,
+) -> list[NodeView]:
+    out = []
+    names = set(containers) | {n for n, r in recorded.items() if visible(r[0]) == "Pending"}
+    itypes = {g.InstanceGroupName: g.InstanceType for g in spec.InstanceGroups}
+    roles = {g.InstanceGroupName.lower(): ROLE_BY_NODE_TYPE[g.node_type] for g in spec.InstanceGroups}
+    gnames = {g.InstanceGroupName.lower(): g.InstanceGroupName for g in spec.InstanceGroups}
+    for n in sorted(names, key=split_node):
+        c = containers.get(n)
+        if c is not None:
+            group, role, itype = c.group, c.role, c.itype
+        else:
+            gl = group_prefix(n)
+            if gl not in gnames:
+                continue
+            group, role, itype = gnames[gl], roles[gl], itypes[gnames[gl]]
+        status, msg = instance_status(role, c, snodes.get(n), recorded.get(n), controller_up)
+        out.append(NodeView(n, group, itype, role, c, snodes.get(n), status, msg))
+    return out
+
+
+def group_views(
+    spec: ClusterSpec, nodes: list[NodeView], active_ops: dict[str, list[str]] | None = None
+) -> list[dict[str, Any]]:
+    out = []
+    for g in spec.InstanceGroups:
+        mine = [n for n in nodes if n.group == g.InstanceGroupName]
+        current = sum(1 for n in mine if n.status == "Running")
+        pending = sum(1 for n in mine if n.status == "Pending")
+        failed = sum(1 for n in mine if n.status == "Failure")
+        target = g.InstanceCount
+        minimum = g.MinCount if g.MinCount is not None else target
+        if current >= target and not failed:
+            status = "InService"
+        elif current >= minimum and current > 0:
+            status = "Degraded" if failed else "InService"
+        elif pending or current < target:
+            status = "Creating" if not failed else "Degraded"
+        else:
+            status = "Failed"
+        ops = (active_ops or {}).get(g.InstanceGroupName, [])
+        if ops:
+            status = "Updating" if current >= minimum else status
+        out.append(
+            {
+                "InstanceGroupName": g.InstanceGroupName,
+                "InstanceType": g.InstanceType,
+                "NodeType": g.node_type,
+                "PartitionNames": list(g.SlurmConfig.PartitionNames),
+                "TargetCount": target,
+                "MinCount": g.MinCount,
+                "CurrentCount": current,
+                "PendingCount": pending,
+                "FailedCount": failed,
+                "Status": status,
+                "ActiveOperations": ops,
+                "OnStartDeepHealthChecks": list(g.OnStartDeepHealthChecks),
+            }
+        )
+    return out

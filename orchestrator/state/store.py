@@ -1,0 +1,454 @@
+"""hp's own state in SQLite: cluster specs and statuses, events, node phase history,
+scaling operations, small host-wide settings.
+
+What exists (containers, networks, volumes) is read from Docker labels, never from
+here; this file keeps what Docker can't: the spec, the phase history and events.
+
+Bounds: each creation of a cluster name is an incarnation, and its events, phases and
+operations belong to it (a new cluster that takes a deleted one's name starts empty).
+`prune()` keeps the database bounded: at most EVENTS_PER_CLUSTER events and
+PHASES_PER_NODE phase records per node, and nothing of a deleted cluster older than
+DELETED_RETENTION_S.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from . import phases
+from .phases import Phase
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS clusters (
+  name TEXT PRIMARY KEY,
+  spec TEXT NOT NULL,
+  status TEXT NOT NULL,
+  message TEXT NOT NULL DEFAULT '',
+  created REAL NOT NULL,
+  updated REAL NOT NULL,
+  incarnation TEXT NOT NULL DEFAULT ''
+);
+CREATE TABLE IF NOT EXISTS events (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  cluster TEXT NOT NULL,
+  time REAL NOT NULL,
+  resource_type TEXT NOT NULL,
+  level TEXT NOT NULL,
+  group_name TEXT,
+  node_id TEXT,
+  node TEXT,
+  description TEXT NOT NULL,
+  incarnation TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS events_cluster ON events(cluster, id);
+CREATE TABLE IF NOT EXISTS node_status (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  cluster TEXT NOT NULL,
+  node TEXT NOT NULL,
+  status TEXT NOT NULL,
+  message TEXT NOT NULL DEFAULT '',
+  time REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS node_status_node ON node_status(cluster, node, id);
+CREATE TABLE IF NOT EXISTS operations (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  cluster TEXT NOT NULL,
+  group_name TEXT NOT NULL,
+  kind TEXT NOT NULL,
+  target INTEGER,
+  previous INTEGER,
+  nodes TEXT NOT NULL DEFAULT '',
+  status TEXT NOT NULL,
+  message TEXT NOT NULL DEFAULT '',
+  started REAL NOT NULL,
+  ended REAL
+);
+CREATE INDEX IF NOT EXISTS operations_cluster ON operations(cluster, status);
+CREATE TABLE IF NOT EXISTS kv (
+  key TEXT PRIMARY KEY,
+  value TEXT NOT NULL
+);
+"""
+# Columns added after the first release: (table, column, declaration).
+MIGRATIONS = (
+    ("clusters", "incarnation", "TEXT NOT NULL DEFAULT ''"),
+    ("events", "incarnation", "TEXT NOT NULL DEFAULT ''"),
+)
+
+EVENTS_PER_CLUSTER = 20_000
+PHASES_PER_NODE = 200
+DELETED_RETENTION_S = 7 * 86400.0
+PAGE_MAX = 10_000
+
+
+def hp_home() -> Path:
+    env = os.environ.get("HP_HOME")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(xdg) / "hp"
+
+
+@dataclass
+class ClusterRow:
+    name: str
+    spec: dict[str, Any]
+    status: str
+    message: str
+    created: float
+    updated: float
+    incarnation: str = ""
+
+
+@dataclass
+class Event:
+    id: int
+    cluster: str
+    time: float
+    resource_type: str
+    level: str
+    group: str | None
+    node_id: str | None
+    node: str | None
+    description: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "EventId": self.id,
+            "EventTime": iso(self.time),
+            "ClusterName": self.cluster,
+            "ResourceType": self.resource_type,
+            "EventLevel": self.level,
+            "InstanceGroupName": self.group,
+            "NodeId": self.node_id,
+            "SlurmNodeName": self.node,
+            "Description": self.description,
+        }
+
+
+Latest = dict[str, tuple[str, str, float]]  # node -> (phase, message, time)
+
+
+def iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int((t % 1) * 1000):03d}Z"
+
+
+class Store:
+    def __init__(self, home: Path | None = None, clock: Callable[[], float] = time.time):
+        self.home = home or hp_home()
+        self.home.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.path = self.home / "hp.db"
+        self.clock = clock
+        self._lock = threading.RLock()
+        fresh = not self.path.exists()
+        self._db = sqlite3.connect(self.path, timeout=30, check_same_thread=False, isolation_level=None)
+        if fresh:
+            os.chmod(self.path, 0o600)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(SCHEMA)
+        self._migrate()
+
+    def _migrate(self) -> None:
+        for table, col, decl in MIGRATIONS:
+            cols = {r[1] for r in self._db.execute(f"PRAGMA table_info({table})")}
+            if col not in cols:
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN {col} {decl}")
+
+    def close(self) -> None:
+        self._db.close()
+
+    def _x(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
+
+    def execute(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        """For modules that keep tables of their own in hp's database (e.g. health checks)."""
+        return self._x(sql, args)
+
+    def executescript(self, sql: str) -> None:
+        with self._lock:
+            self._db.executescript(sql)
+
+    def _tx(self) -> _Tx:
+        return _Tx(self)
+
+    # -- clusters -----------------------------------------------------------------------
+    def add_cluster(self, name: str, spec: dict[str, Any], status: str) -> bool:
+        """Claim a name (a new incarnation); False if a cluster of that name is recorded."""
+        now = self.clock()
+        try:
+            self._x(
+                "INSERT INTO clusters (name, spec, status, message, created, updated, incarnation) VALUES (?,?,?,?,?,?,?)",
+                (name, json.dumps(spec), status, "", now, now, secrets.token_hex(6)),
+            )
+            return True
+        except sqlite3.IntegrityError:
+            return False
+
+    _COLS = "name, spec, status, message, created, updated, incarnation"
+
+    def cluster(self, name: str) -> ClusterRow | None:
+        rows = self._x(f"SELECT {self._COLS} FROM clusters WHERE name=?", (name,))
+        return _cluster(rows[0]) if rows else None
+
+    def clusters(self) -> list[ClusterRow]:
+        return [_cluster(r) for r in self._x(f"SELECT {self._COLS} FROM clusters ORDER BY created")]
+
+    def set_status(self, name: str, status: str, message: str = "") -> None:
+        self._x("UPDATE clusters SET status=?, message=?, updated=? WHERE name=?", (status, message, self.clock(), name))
+
+    def update_spec(
+        self,
+        name: str,
+        change: Callable[[dict[str, Any]], dict[str, Any]],
+        node_phases: list[tuple[str, Phase, str]] = (),
+    ) -> dict[str, Any]:
+        """Read-modify-write of a cluster's spec in one write transaction, so that
+        concurrent `hp scale` calls (any process) never lose each other's change; with
+        `node_phases`, phase changes written in the same transaction (through the gate)."""
+        with self._tx() as db:
+            rows = db.execute("SELECT spec FROM clusters WHERE name=?", (name,)).fetchall()
+            if not rows:
+                raise KeyError(name)
+            new = change(json.loads(rows[0][0]))
+            db.execute("UPDATE clusters SET spec=?, updated=? WHERE name=?", (json.dumps(new), self.clock(), name))
+            for node, phase, message in node_phases:
+                self._write_phase(db, name, node, phase, message)
+            return new
+
+    def remove_cluster(self, name: str) -> None:
+        """Forget a deleted cluster's spec, phases and operations (its events stay, for
+        DELETED_RETENTION_S, under its last incarnation)."""
+        with self._tx() as db:
+            db.execute("DELETE FROM clusters WHERE name=?", (name,))
+            db.execute("DELETE FROM node_status WHERE cluster=?", (name,))
+            db.execute("DELETE FROM operations WHERE cluster=?", (name,))
+
+    def cluster_dir(self, name: str) -> Path:
+        d = self.home / "clusters" / name
+        d.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return d
+
+    # -- operations (scaling): what is under way per group ------------------------------
+    def add_operation(
+        self, cluster: str, group: str, kind: str, target: int | None, previous: int | None, nodes: list[str] | None = None
+    ) -> int:
+        rows = self._x(
+            "INSERT INTO operations (cluster, group_name, kind, target, previous, nodes, status, started)"
+            " VALUES (?,?,?,?,?,?,?,?) RETURNING id",
+            (cluster, group, kind, target, previous, ",".join(nodes or []), "InProgress", self.clock()),
+        )
+        return int(rows[0][0])
+
+    def operations(self, cluster: str, active_only: bool = True) -> list[dict[str, Any]]:
+        sql = (
+            "SELECT id, group_name, kind, target, previous, nodes, status, message, started, ended FROM operations"
+            " WHERE cluster=?" + (" AND status='InProgress'" if active_only else "") + " ORDER BY id"
+        )
+        keys = ("id", "group", "kind", "target", "previous", "nodes", "status", "message", "started", "ended")
+        return [dict(zip(keys, r)) for r in self._x(sql, (cluster,))]
+
+    def end_operation(self, op_id: int, status: str, message: str = "") -> None:
+        self._x("UPDATE operations SET status=?, message=?, ended=? WHERE id=?", (status, message, self.clock(), op_id))
+
+    # -- events -------------------------------------------------------------------------
+    def event(
+        self,
+        cluster: str,
+        resource_type: str,
+        level: str,
+        description: str,
+        group: str | None = None,
+        node_id: str | None = None,
+        node: str | None = None,
+    ) -> None:
+        self._x(
+            "INSERT INTO events (cluster, time, resource_type, level, group_name, node_id, node, description, incarnation)"
+            " VALUES (?,?,?,?,?,?,?,?, COALESCE((SELECT incarnation FROM clusters WHERE name=?), ''))",
+            (cluster, self.clock(), resource_type, level, group, node_id, node, description, cluster),
+        )
+
+    def _incarnation(self, cluster: str) -> str | None:
+        """The incarnation whose events `hp events NAME` shows: the live cluster's, else
+        the last one recorded for the name."""
+        row = self.cluster(cluster)
+        if row is not None:
+            return row.incarnation
+        rows = self._x("SELECT incarnation FROM events WHERE cluster=? ORDER BY id DESC LIMIT 1", (cluster,))
+        return rows[0][0] if rows else None
+
+    def has_events(self, cluster: str) -> bool:
+        return self._incarnation(cluster) is not None
+
+    def events(self, cluster: str, after_id: int = 0, limit: int = 1000) -> list[Event]:
+        """The incarnation's events after `after_id`, oldest first, at most `limit`: with
+        after_id 0, the NEWEST `limit` ones (a page from the newest)."""
+        inc = self._incarnation(cluster)
+        if inc is None:
+            return []
+        limit = max(1, min(int(limit), PAGE_MAX))
+        cols = "id, cluster, time, resource_type, level, group_name, node_id, node, description"
+        if after_id:
+            rows = self._x(
+                f"SELECT {cols} FROM events WHERE cluster=? AND incarnation=? AND id>? ORDER BY id LIMIT ?",
+                (cluster, inc, after_id, limit),
+            )
+        else:
+            rows = self._x(
+                f"SELECT {cols} FROM events WHERE cluster=? AND incarnation=? ORDER BY id DESC LIMIT ?",
+                (cluster, inc, limit),
+            )[::-1]
+        return [Event(*r) for r in rows]
+
+    def follow_events(
+        self, cluster: str, after_id: int = 0, poll: float = 0.5, until: Callable[[], bool] = lambda: False
+    ) -> Iterator[Event]:
+        first = True
+        while True:
+            batch = self.events(cluster, after_id) if (after_id or first) else []
+            first = False
+            for e in batch:
+                after_id = e.id
+                yield e
+            if until():
+                return
+            time.sleep(poll)
+
+    # -- node phases (Ray-style: timeouts and retry counts derive from the history) ------
+    @staticmethod
+    def _latest_phase(db: sqlite3.Connection, cluster: str, node: str) -> tuple[str, str] | None:
+        rows = db.execute(
+            "SELECT status, message FROM node_status WHERE cluster=? AND node=? ORDER BY id DESC LIMIT 1", (cluster, node)
+        ).fetchall()
+        return (rows[0][0], rows[0][1]) if rows else None
+
+    def _write_phase(self, db: sqlite3.Connection, cluster: str, node: str, phase: Phase | str, message: str) -> bool:
+        """THE writer of a node's phase (inside a write transaction): no-op for the same
+        phase and message, else the gate (phases.check) decides; InvalidTransition for
+        an edge the table refuses or an unknown phase."""
+        cur = self._latest_phase(db, cluster, node)
+        new = phases.parse(phase)
+        if cur is not None and new is not None and cur[0] == new.value and cur[1] == message:
+            return False
+        new = phases.check(node, cur[0] if cur else None, phase)
+        db.execute(
+            "INSERT INTO node_status (cluster, node, status, message, time) VALUES (?,?,?,?,?)",
+            (cluster, node, new.value, message, self.clock()),
+        )
+        return True
+
+    def set_phase(self, cluster: str, node: str, phase: Phase | str, message: str = "") -> bool:
+        """Record a node's new phase (through the gate); False when nothing changed."""
+        with self._tx() as db:
+            return self._write_phase(db, cluster, node, phase, message)
+
+    def node_history(self, cluster: str, node: str) -> list[tuple[str, str, float]]:
+        return [
+            (r[0], r[1], r[2])
+            for r in self._x(
+                "SELECT status, message, time FROM node_status WHERE cluster=? AND node=? ORDER BY id", (cluster, node)
+            )
+        ]
+
+    _LATEST = (
+        "SELECT node, status, message, time FROM node_status WHERE id IN "
+        "(SELECT MAX(id) FROM node_status WHERE cluster=? GROUP BY node)"
+    )
+
+    def snapshot(self, name: str) -> tuple[ClusterRow | None, Latest]:
+        """A cluster's row and its nodes' latest phases, read in one transaction: a
+        writer that changes both at once (delete-nodes: marks and a lower target) is
+        seen whole or not at all."""
+        with self._lock:
+            self._db.execute("BEGIN")
+            try:
+                rows = self._db.execute(f"SELECT {self._COLS} FROM clusters WHERE name=?", (name,)).fetchall()
+                latest = self._db.execute(self._LATEST, (name,)).fetchall()
+            finally:
+                self._db.execute("COMMIT")
+        return (_cluster(rows[0]) if rows else None), {r[0]: (r[1], r[2], r[3]) for r in latest}
+
+    def latest_phases(self, cluster: str) -> Latest:
+        return {r[0]: (r[1], r[2], r[3]) for r in self._x(self._LATEST, (cluster,))}
+
+    # -- key/value (small host-wide settings, e.g. capacity limits) ------------------------
+    def get(self, key: str, default: str | None = None) -> str | None:
+        rows = self._x("SELECT value FROM kv WHERE key=?", (key,))
+        return rows[0][0] if rows else default
+
+    def put(self, key: str, value: str | None) -> None:
+        if value is None:
+            self._x("DELETE FROM kv WHERE key=?", (key,))
+        else:
+            self._x("INSERT INTO kv VALUES (?,?) ON CONFLICT(key) DO UPDATE SET value=excluded.value", (key, value))
+
+    # -- retention ------------------------------------------------------------------------
+    def prune(self) -> dict[str, int]:
+        """Keep the database bounded (see the module's docstring); returns rows removed."""
+        removed = {"events": 0, "node_status": 0}
+        cutoff = self.clock() - DELETED_RETENTION_S
+        with self._tx() as db:
+            live = {r[0]: r[1] for r in db.execute("SELECT name, incarnation FROM clusters")}
+            # events of incarnations that are over (deleted, or replaced by a new one), once old
+            cur = db.execute(
+                "DELETE FROM events WHERE time < ? AND NOT EXISTS (SELECT 1 FROM clusters c WHERE "
+                "c.name = events.cluster AND c.incarnation = events.incarnation)",
+                (cutoff,),
+            )
+            removed["events"] += cur.rowcount
+            for name, inc in live.items():
+                cur = db.execute(
+                    "DELETE FROM events WHERE cluster=? AND incarnation=? AND id <= (SELECT id FROM events WHERE "
+                    "cluster=? AND incarnation=? ORDER BY id DESC LIMIT 1 OFFSET ?)",
+                    (name, inc, name, inc, EVENTS_PER_CLUSTER),
+                )
+                removed["events"] += cur.rowcount
+            nodes = db.execute(
+                "SELECT cluster, node FROM node_status GROUP BY cluster, node HAVING COUNT(*) > ?", (PHASES_PER_NODE,)
+            ).fetchall()
+            for cluster, node in nodes:
+                cur = db.execute(
+                    "DELETE FROM node_status WHERE cluster=? AND node=? AND id <= (SELECT id FROM node_status WHERE "
+                    "cluster=? AND node=? ORDER BY id DESC LIMIT 1 OFFSET ?)",
+                    (cluster, node, cluster, node, PHASES_PER_NODE),
+                )
+                removed["node_status"] += cur.rowcount
+            db.execute("DELETE FROM operations WHERE status != 'InProgress' AND ended < ?", (cutoff,))
+        return removed
+
+
+class _Tx:
+    """A write transaction (BEGIN IMMEDIATE) on the store's connection, under its lock."""
+
+    def __init__(self, store: Store):
+        self.s = store
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.s._lock.acquire()
+        try:
+            self.s._db.execute("BEGIN IMMEDIATE")
+        except BaseException:
+            self.s._lock.release()
+            raise
+        return self.s._db
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        try:
+            self.s._db.execute("ROLLBACK" if exc_type else "COMMIT")
+        finally:
+            self.s._lock.release()
+
+
+def _cluster(r: tuple[Any, ...]) -> ClusterRow:
+    return ClusterRow(
+        name=r[0], spec=json.loads(r[1]), status=r[2], message=r[3], created=r[4], updated=r[5], incarnation=r[6]
+    )
