@@ -1,14 +1,15 @@
 # hp: two commands set everything up on a fresh Debian machine:
 #   make demo   venv, Docker engine if missing, images, a default cluster, a job across its nodes
-#   make test   the same set-up, then unit and end-to-end tests
+#   make test   the same set-up, then lint, unit tests (with coverage) and end-to-end tests
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 HP := $(VENV)/bin/hp
 DEMO ?= demo
 PYTEST_ARGS ?=
+COVERAGE_MIN ?= 85
 
-.PHONY: all venv docker images demo demo-clean test unit e2e bench clean
+.PHONY: all venv docker images demo demo-clean test lint unit e2e faults bench clean
 
 all: images
 
@@ -36,14 +37,25 @@ demo: images
 demo-clean: venv
 	$(HP) delete $(DEMO)
 
-unit: venv
-	$(PY) -m pytest tests/unit -q $(PYTEST_ARGS)
+lint: venv
+	$(VENV)/bin/ruff check orchestrator tests bench
+	$(VENV)/bin/ruff format --check orchestrator tests bench
 
-test: images
-	$(PY) -m pytest tests -v --durations=15 $(PYTEST_ARGS)
+# unit tests: pure logic and orchestration against the in-memory fakes (tests/fakes.py), with coverage
+unit: venv
+	$(PY) -m pytest tests/unit -q --cov=orchestrator --cov-report=term --cov-fail-under=$(COVERAGE_MIN) $(PYTEST_ARGS)
+
+e2e: images
+	$(PY) -m pytest tests/e2e tests/faults -v --durations=15 $(PYTEST_ARGS)
+
+# the long fault campaign (by hand): HP_FAULT_POINTS=200 make faults
+faults: images
+	HP_FAULTS_LONG=1 $(PY) -m pytest tests/faults -v $(PYTEST_ARGS)
+
+test: lint unit e2e
 
 bench: images
 	$(PY) bench/create.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build dist *.egg-info

@@ -13,6 +13,7 @@ Both print the plain-docker floor of the same run (controller + N workers idle).
 
 Usage: .venv/bin/python bench/ci.py [--skip-cold] [--workers 2]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,8 +26,8 @@ from pathlib import Path
 
 from common import ROOT, bench_env, floor, hp, write_json
 
-from orchestrator.docker.images import MIRROR, NODE_IMAGES  # noqa: E402
 from orchestrator.docker.engine import DockerEngine as DockerProvider  # noqa: E402
+from orchestrator.docker.images import MIRROR, NODE_IMAGES  # noqa: E402
 
 JOB = "#!/bin/bash\nsrun hostname | sort\n"
 ITYPE = "cpu.small"
@@ -55,8 +56,9 @@ def timed(label: str, fn, times: dict[str, float]):  # noqa: ANN001, ANN201
     return r
 
 
-def cluster_and_job(env: dict[str, str], home: str, n: int, times: dict[str, float],
-                    images: dict[str, str] | None = None) -> None:
+def cluster_and_job(
+    env: dict[str, str], home: str, n: int, times: dict[str, float], images: dict[str, str] | None = None
+) -> None:
     name = f"cibench{secrets.token_hex(2)}"
     f = write_json(Path(home) / f"{name}.json", spec(name, n, images))
     job = Path(home) / "job.sh"
@@ -79,24 +81,39 @@ def cold(n: int) -> dict[str, float]:
     try:
         with tempfile.TemporaryDirectory(prefix="hp-cold-") as tmp:
             rootfs = Path(tmp) / "rootfs"
-            timed("debootstrap", lambda: subprocess.run(
-                ["debootstrap", "--variant=minbase", "trixie", str(rootfs), MIRROR],
-                check=True, capture_output=True), times)
+            timed(
+                "debootstrap",
+                lambda: subprocess.run(
+                    ["debootstrap", "--variant=minbase", "trixie", str(rootfs), MIRROR], check=True, capture_output=True
+                ),
+                times,
+            )
 
             def import_base() -> None:
                 tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
                 repo, t = base.split(":")
-                p.api.import_image(src=tar.stdout, repository=repo, tag=t, changes=['CMD ["/bin/bash"]', "ENV LANG=C.UTF-8"])
+                p.api.import_image(
+                    src=tar.stdout, repository=repo, tag=t, changes=['CMD ["/bin/bash"]', "ENV LANG=C.UTF-8"]
+                )
                 tar.wait()
+
             timed("import base", import_base, times)
 
         def build() -> None:
             for d in NODE_IMAGES:  # --no-cache for the first; the others share its stages, as in hp's build
-                for chunk in p.api.build(path=str(ROOT / d.context), tag=refs[d.name], target=d.target,
-                                         buildargs={"BASE": base}, rm=True, forcerm=True, decode=True,
-                                         nocache=d is NODE_IMAGES[0]):
+                for chunk in p.api.build(
+                    path=str(ROOT / d.context),
+                    tag=refs[d.name],
+                    target=d.target,
+                    buildargs={"BASE": base},
+                    rm=True,
+                    forcerm=True,
+                    decode=True,
+                    nocache=d is NODE_IMAGES[0],
+                ):
                     if "error" in chunk:
                         raise SystemExit(f"build failed: {chunk['error']}")
+
         timed("docker build --no-cache", build, times)
         with tempfile.TemporaryDirectory() as home:
             cluster_and_job(bench_env(home), home, n, times, refs)
@@ -138,8 +155,10 @@ def main() -> None:
         c = cold(n)
         res.insert(0, ("cold", c["total"], 90.0))
     for label, t, target in res:
-        print(f"{label}: {t:.1f} s (target < {target:.0f} s): {'OK' if t < target else 'ABOVE TARGET'}"
-              f"; floor {fl:.2f} s", flush=True)
+        print(
+            f"{label}: {t:.1f} s (target < {target:.0f} s): {'OK' if t < target else 'ABOVE TARGET'}; floor {fl:.2f} s",
+            flush=True,
+        )
     sys.exit(0 if all(t < target for _, t, target in res) else 1)
 
 

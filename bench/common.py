@@ -1,4 +1,5 @@
 """Shared pieces of the benchmarks: the plain-docker floor, and running hp."""
+
 from __future__ import annotations
 
 import json
@@ -14,12 +15,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.spec.catalogue import load_catalogue  # noqa: E402
-from orchestrator.docker.images import Images  # noqa: E402
 from orchestrator.docker.engine import DockerEngine as DockerProvider
+from orchestrator.docker.images import Images  # noqa: E402
 from orchestrator.docker.views import ContainerSpec  # noqa: E402
 from orchestrator.slurm.client import SlurmCli as Slurm  # noqa: E402
 from orchestrator.slurm.conf import render, slurmd_conf  # noqa: E402
+from orchestrator.spec.catalogue import load_catalogue  # noqa: E402
 from orchestrator.spec.model import validate  # noqa: E402
 
 BENCH_TYPES = "bench.tiny: {VCpus: 1, CpuLimit: 0.02, MemoryMiB: 128}\n"
@@ -32,13 +33,31 @@ def bench_env(home: str) -> dict[str, str]:
 
 
 def spec_doc(name: str, n: int, itype: str = "bench.tiny", login: bool = False) -> dict:
-    groups = [{"InstanceGroupName": "controller", "InstanceType": "cpu.small", "InstanceCount": 1,
-               "SlurmConfig": {"NodeType": "Controller"}}]
+    groups = [
+        {
+            "InstanceGroupName": "controller",
+            "InstanceType": "cpu.small",
+            "InstanceCount": 1,
+            "SlurmConfig": {"NodeType": "Controller"},
+        }
+    ]
     if login:
-        groups.append({"InstanceGroupName": "login", "InstanceType": itype, "InstanceCount": 1,
-                       "SlurmConfig": {"NodeType": "Login"}})
-    groups.append({"InstanceGroupName": "w", "InstanceType": itype, "InstanceCount": n,
-                   "SlurmConfig": {"NodeType": "Compute", "PartitionNames": ["w"]}})
+        groups.append(
+            {
+                "InstanceGroupName": "login",
+                "InstanceType": itype,
+                "InstanceCount": 1,
+                "SlurmConfig": {"NodeType": "Login"},
+            }
+        )
+    groups.append(
+        {
+            "InstanceGroupName": "w",
+            "InstanceType": itype,
+            "InstanceCount": n,
+            "SlurmConfig": {"NodeType": "Compute", "PartitionNames": ["w"]},
+        }
+    )
     return {"ClusterName": name, "InstanceGroups": groups}
 
 
@@ -63,8 +82,11 @@ def floor(n: int, itype: str = "bench.tiny") -> float:
         try:
             t0 = time.monotonic()
             p.api.create_network(net, driver="bridge", labels=lab)
-            ctl = p.create_container(ContainerSpec(name=f"{net}-ctl", image=imgs["controller"], hostname="controller-1",
-                                                   labels=lab, network=net))
+            ctl = p.create_container(
+                ContainerSpec(
+                    name=f"{net}-ctl", image=imgs["controller"], hostname="controller-1", labels=lab, network=net
+                )
+            )
             ids.append(ctl)
             p.put_files(ctl, "/etc/slurm", {"slurm.conf": (conf, 0o644, 0), "slurm.key": (key, 0o600, 64030)})
             p.start(ctl)
@@ -73,10 +95,18 @@ def floor(n: int, itype: str = "bench.tiny") -> float:
                 time.sleep(0.1)
 
             def worker(i: int) -> str:
-                cid = p.create_container(ContainerSpec(
-                    name=f"{net}-w{i}", image=imgs["worker"], hostname=f"w-{i}", labels=lab, network=net,
-                    environment={"HP_CONTROLLER": "controller-1", "HP_SLURMD_CONF": slurmd_conf(t, "w")},
-                    cpu_limit=t.cpu_limit, memory_bytes=t.memory_mib * 2**20))
+                cid = p.create_container(
+                    ContainerSpec(
+                        name=f"{net}-w{i}",
+                        image=imgs["worker"],
+                        hostname=f"w-{i}",
+                        labels=lab,
+                        network=net,
+                        environment={"HP_CONTROLLER": "controller-1", "HP_SLURMD_CONF": slurmd_conf(t, "w")},
+                        cpu_limit=t.cpu_limit,
+                        memory_bytes=t.memory_mib * 2**20,
+                    )
+                )
                 p.put_files(cid, "/etc/slurm", {"slurm.key": (key, 0o600, 0)})
                 p.start(cid)
                 return cid
@@ -93,8 +123,9 @@ def floor(n: int, itype: str = "bench.tiny") -> float:
 
 
 def hp(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    r = subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], env=env, cwd=ROOT,
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", *args], env=env, cwd=ROOT, capture_output=True, text=True
+    )
     if check and r.returncode != 0:
         raise SystemExit(f"hp {' '.join(args)} failed ({r.returncode}):\n{r.stderr[-3000:]}")
     return r

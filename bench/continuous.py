@@ -7,6 +7,7 @@ the agent's CPU use while the cluster is idle (with the short group still retryi
 and without), over a window (target < 1% of a core). Also prints the plain-docker
 floor of the same run.
 """
+
 from __future__ import annotations
 
 import os
@@ -25,11 +26,21 @@ TICK = os.sysconf("SC_CLK_TCK")
 
 
 def spec(name: str, short: bool) -> dict:
-    doc = {**DEFAULT_SPEC, "ClusterName": name, "NodeProvisioningMode": "Continuous",
-           "InstanceGroups": list(DEFAULT_SPEC["InstanceGroups"])}
+    doc = {
+        **DEFAULT_SPEC,
+        "ClusterName": name,
+        "NodeProvisioningMode": "Continuous",
+        "InstanceGroups": list(DEFAULT_SPEC["InstanceGroups"]),
+    }
     if short:
-        doc["InstanceGroups"].append({"InstanceGroupName": "short", "InstanceType": "short.type", "InstanceCount": 3,
-                                      "SlurmConfig": {"NodeType": "Compute", "PartitionNames": ["short"]}})
+        doc["InstanceGroups"].append(
+            {
+                "InstanceGroupName": "short",
+                "InstanceType": "short.type",
+                "InstanceCount": 3,
+                "SlurmConfig": {"NodeType": "Compute", "PartitionNames": ["short"]},
+            }
+        )
     return doc
 
 
@@ -41,8 +52,9 @@ def cpu_seconds(pid: int) -> float:
 def run(short: bool, window: float) -> tuple[float, float]:
     with tempfile.TemporaryDirectory() as home:
         env = bench_env(home)
-        Path(env["HP_INSTANCE_TYPES"]).write_text(Path(env["HP_INSTANCE_TYPES"]).read_text()
-                                                   + "short.type: {VCpus: 1, CpuLimit: 0.05, MemoryMiB: 128}\n")
+        Path(env["HP_INSTANCE_TYPES"]).write_text(
+            Path(env["HP_INSTANCE_TYPES"]).read_text() + "short.type: {VCpus: 1, CpuLimit: 0.05, MemoryMiB: 128}\n"
+        )
         name = "benchshort" if short else "benchfull"
         f = write_json(Path(home) / "s.json", spec(name, short))
         if short:
@@ -50,8 +62,13 @@ def run(short: bool, window: float) -> tuple[float, float]:
         t0 = time.monotonic()
         hp(env, "create", "-f", f)
         while True:
-            r = subprocess.run([sys.executable, "-m", "orchestrator.cli", "exec", name, "--", "srun", "-N4", "hostname"],
-                               env=env, cwd=ROOT, capture_output=True, text=True)
+            r = subprocess.run(
+                [sys.executable, "-m", "orchestrator.cli", "exec", name, "--", "srun", "-N4", "hostname"],
+                env=env,
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+            )
             if r.returncode == 0 and len(set(r.stdout.split())) == 4:
                 break
             time.sleep(0.05)
@@ -72,9 +89,13 @@ def main() -> None:
     short, idle_short = run(True, window)
     print(f"plain-docker floor, controller + 4 workers idle: {fl:.2f} s")
     print(f"first srun -N4, default cluster:                   {full:.2f} s")
-    print(f"first srun -N4, default cluster + short group:     {short:.2f} s   ratio {short / full:.2f} (target <= 1.1)")
-    print(f"agent CPU while idle: {100 * idle_full:.2f}% of a core; with a group retrying on no capacity: "
-          f"{100 * idle_short:.2f}% (target < 1%)")
+    print(
+        f"first srun -N4, default cluster + short group:     {short:.2f} s   ratio {short / full:.2f} (target <= 1.1)"
+    )
+    print(
+        f"agent CPU while idle: {100 * idle_full:.2f}% of a core; with a group retrying on no capacity: "
+        f"{100 * idle_short:.2f}% (target < 1%)"
+    )
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ process: imports and all). Prints both and the ratio b/a (target <= 1.25), and t
 time from `hp create` starting to the default cluster's first successful `srun`
 (target <= 5 s). Images must be built (`make images`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,8 +35,13 @@ def first_srun(home: str) -> float:
     t0 = time.monotonic()
     hp(env, "create", "--name", "benchdefault")
     while True:
-        r = subprocess.run([sys.executable, "-m", "orchestrator.cli", "exec", "benchdefault", "--", "srun", "-N4", "hostname"],
-                           env=env, cwd=ROOT, capture_output=True, text=True)
+        r = subprocess.run(
+            [sys.executable, "-m", "orchestrator.cli", "exec", "benchdefault", "--", "srun", "-N4", "hostname"],
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
         if r.returncode == 0 and len(set(r.stdout.split())) == 4:
             break
         time.sleep(0.1)

@@ -5,6 +5,7 @@ stress-ng command run in 8 plain containers (docker-py, the check image, the nod
 type's limits) at once, with no hp at all.
 Nodes are bench.tiny (bench/common.py: 0.02 CPU, 128 MiB), so 8 fit a small host.
 Run: cd bench && ../.venv/bin/python health.py   (creates and deletes hcb-*; private HP_HOME)"""
+
 from __future__ import annotations
 
 import json
@@ -13,16 +14,15 @@ import os
 import secrets
 import tempfile
 import time
-from pathlib import Path
-
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import docker
 from common import bench_env, hp, spec_doc, write_json
 
-from orchestrator.health.stress import StressOptions, stress_command
-from orchestrator.docker.images import CHECK_IMAGES, Images
 from orchestrator.docker.engine import DockerEngine as DockerProvider
+from orchestrator.docker.images import CHECK_IMAGES, Images
+from orchestrator.health.stress import StressOptions, stress_command
 
 SECONDS = 5
 N = 8
@@ -38,8 +38,9 @@ def plain_floor(n: int) -> float:
     client = docker.from_env()
 
     def one(i: int) -> None:
-        c = client.containers.create(image, cmd, nano_cpus=int(TINY_CPUS * 1e9), mem_limit=f"{TINY_MIB}m",
-                                     labels={"io.hp.bench": "health-floor"})
+        c = client.containers.create(
+            image, cmd, nano_cpus=int(TINY_CPUS * 1e9), mem_limit=f"{TINY_MIB}m", labels={"io.hp.bench": "health-floor"}
+        )
         try:
             c.start()
             c.wait(timeout=300)
@@ -78,8 +79,20 @@ def kill_to_idle(name: str, node: str = "w-1", timeout: float = 60) -> float:
 def timed_check(env: dict[str, str], name: str, n: int) -> tuple[float, dict]:
     nodes = [a for i in range(1, n + 1) for a in ("--node", f"w-{i}")]
     t0 = time.monotonic()
-    r = hp(env, "health-check", "start", name, *nodes, "--check", "InstanceStress", "--stress-seconds",
-           str(SECONDS), "--wait", "--json", check=False)
+    r = hp(
+        env,
+        "health-check",
+        "start",
+        name,
+        *nodes,
+        "--check",
+        "InstanceStress",
+        "--stress-seconds",
+        str(SECONDS),
+        "--wait",
+        "--json",
+        check=False,
+    )
     took = time.monotonic() - t0
     doc = json.loads(r.stdout)["Request"]
     if r.returncode != 0:
@@ -105,8 +118,10 @@ def phases(doc: dict) -> str:
     idle, check containers), the checks, after them (remove containers, resume)."""
     cs = [c for g in doc["InstanceGroups"] for n in g["Nodes"] for c in n["Checks"]]
     first, last = min(_t(c["StartTime"]) for c in cs), max(_t(c["EndTime"]) for c in cs)
-    return (f"before checks {first - _t(doc['CreationTime']):.1f} s, checks {last - first:.1f} s, "
-            f"after {_t(doc['EndTime']) - last:.1f} s")
+    return (
+        f"before checks {first - _t(doc['CreationTime']):.1f} s, checks {last - first:.1f} s, "
+        f"after {_t(doc['EndTime']) - last:.1f} s"
+    )
 
 
 def main() -> None:
@@ -125,10 +140,12 @@ def main() -> None:
             print(f"plain docker, same command and limits: 1 container {plain1:4.1f} s, {N} at once {plain8:4.1f} s")
             print(f"phases, 1 node: {phases(d1)}; {N} nodes: {phases(d8)}")
             print(f"1 node : request {one:5.1f} s (checks ran {stress_spans(d1):4.1f} s)")
-            print(f"{N} nodes: request {eight:5.1f} s (checks ran {stress_spans(d8):4.1f} s); least for {N} "
-                  f"on {cores} cores: {least:.1f} s; overhead {eight / least:.2f} (request), "
-                  f"{stress_spans(d8) / least:.2f} (checks); over plain docker: {eight / plain8:.2f} (request), "
-                  f"{stress_spans(d8) / plain8:.2f} (checks); target <= 1.2")
+            print(
+                f"{N} nodes: request {eight:5.1f} s (checks ran {stress_spans(d8):4.1f} s); least for {N} "
+                f"on {cores} cores: {least:.1f} s; overhead {eight / least:.2f} (request), "
+                f"{stress_spans(d8) / least:.2f} (checks); over plain docker: {eight / plain8:.2f} (request), "
+                f"{stress_spans(d8) / plain8:.2f} (checks); target <= 1.2"
+            )
             time.sleep(2)
             print(f"docker kill of a worker -> idle in Slurm again: {kill_to_idle(name):.2f} s (target <= 10 s)")
         finally:

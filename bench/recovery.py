@@ -6,6 +6,7 @@ Makes its own cluster (controller + 1 cpu.nano worker) under a private HP_HOME; 
 per-cluster agent started by `hp create` runs the recovery watcher. Removes everything
 at the end, also on failure.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,14 @@ from orchestrator.slurm.model import parse_nodes  # noqa: E402
 
 
 def hp(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", *args],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def docker(*args: str) -> str:
@@ -40,8 +47,11 @@ def back_idle(name: str, started: str, timeout: float = 60) -> None:
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
         if docker("inspect", "-f", "{{.State.StartedAt}}", f"hp-{name}-cpu-1") != started:
-            r = subprocess.run(["docker", "exec", f"hp-{name}-controller-1", "scontrol", "show", "nodes", "--json"],
-                               capture_output=True, text=True)
+            r = subprocess.run(
+                ["docker", "exec", f"hp-{name}-controller-1", "scontrol", "show", "nodes", "--json"],
+                capture_output=True,
+                text=True,
+            )
             if r.returncode == 0 and any(n.name == "cpu-1" and n.usable for n in parse_nodes(r.stdout)):
                 return
         time.sleep(0.05)
@@ -55,11 +65,23 @@ def main() -> int:
     home = Path(tempfile.mkdtemp(prefix="hp-bench-recovery-"))
     env = {**os.environ, "HP_HOME": str(home), "NO_COLOR": "1"}
     name = f"rc-bench-{uuid.uuid4().hex[:6]}"
-    spec = {"ClusterName": name, "InstanceGroups": [
-        {"InstanceGroupName": "controller", "InstanceType": "cpu.small", "InstanceCount": 1,
-         "SlurmConfig": {"NodeType": "Controller"}},
-        {"InstanceGroupName": "cpu", "InstanceType": "cpu.nano", "InstanceCount": 1,
-         "SlurmConfig": {"NodeType": "Compute", "PartitionNames": ["cpu"]}}]}
+    spec = {
+        "ClusterName": name,
+        "InstanceGroups": [
+            {
+                "InstanceGroupName": "controller",
+                "InstanceType": "cpu.small",
+                "InstanceCount": 1,
+                "SlurmConfig": {"NodeType": "Controller"},
+            },
+            {
+                "InstanceGroupName": "cpu",
+                "InstanceType": "cpu.nano",
+                "InstanceCount": 1,
+                "SlurmConfig": {"NodeType": "Compute", "PartitionNames": ["cpu"]},
+            },
+        ],
+    }
     (home / "spec.json").write_text(json.dumps(spec))
     try:
         r = hp(env, "create", "-f", str(home / "spec.json"))

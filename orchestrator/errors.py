@@ -124,10 +124,6 @@ class InvalidTransition(Exception):
 TRANSIENT: tuple[type[BaseException], ...] = (EngineUnavailable, EngineError, LaunchError, OperationFailed)
 
 
-def is_transient(e: BaseException) -> bool:
-    return isinstance(e, TRANSIENT)
-
-
 def bug_signature(e: BaseException) -> str:
     """A short stable id of a bug (type and where it was raised), to report it once."""
     tb = traceback.extract_tb(e.__traceback__)

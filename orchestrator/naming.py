@@ -13,7 +13,6 @@ L_INDEX = f"{LABEL_PREFIX}.index"
 L_ITYPE = f"{LABEL_PREFIX}.instance-type"
 L_GPUS = f"{LABEL_PREFIX}.gpus"  # the host GPUs (ids) backing a node
 L_REQUEST = f"{LABEL_PREFIX}.health-request"  # a check container's health-check request
-L_INCARNATION = f"{LABEL_PREFIX}.incarnation"  # which creation of a cluster name it belongs to
 
 ROLE_BY_NODE_TYPE = {"Controller": "controller", "Login": "login", "Compute": "worker"}
 

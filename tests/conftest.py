@@ -4,6 +4,7 @@ End-to-end tests use real Docker containers and real Slurm. Each test's clusters
 unique names, run under a private HP_HOME, and are deleted (with every container,
 network and volume labelled for them) even when the test fails.
 """
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,9 @@ import shutil
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -53,9 +55,18 @@ class Hp:
         self.env = {**os.environ, "HP_HOME": str(home), "NO_COLOR": "1", "PYTHONUNBUFFERED": "1"}
         self.made: list[str] = []
 
-    def __call__(self, *args: str, check: bool = False, timeout: float = 600, input: str | None = None) -> subprocess.CompletedProcess[str]:
-        r = subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], env=self.env, cwd=ROOT,
-                           capture_output=True, text=True, timeout=timeout, input=input)
+    def __call__(
+        self, *args: str, check: bool = False, timeout: float = 600, input: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        r = subprocess.run(
+            [sys.executable, "-m", "orchestrator.cli", *args],
+            env=self.env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            input=input,
+        )
         if check and r.returncode != 0:
             raise AssertionError(f"hp {' '.join(args)} exited {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}")
         return r
@@ -70,8 +81,8 @@ class Hp:
         return n
 
     def cleanup(self) -> None:
-        from orchestrator.docker.engine import DockerEngine as DockerProvider
         from orchestrator.cluster.delete import remove_resources
+        from orchestrator.docker.engine import DockerEngine as DockerProvider
 
         for n in self.made:
             self("delete", n, timeout=120)
@@ -94,15 +105,34 @@ def write_spec(path: Path, doc: dict[str, Any]) -> Path:
     return path
 
 
-def small_spec(name: str, groups: list[tuple[str, str, int]] | None = None, login: bool = True,
-               itype: str = "cpu.nano", **top: Any) -> dict[str, Any]:
+def small_spec(
+    name: str, groups: list[tuple[str, str, int]] | None = None, login: bool = True, itype: str = "cpu.nano", **top: Any
+) -> dict[str, Any]:
     """A cluster spec: controller, optional login, and (group, type, count) compute groups."""
-    igs: list[dict[str, Any]] = [{"InstanceGroupName": "controller", "InstanceType": "cpu.small", "InstanceCount": 1,
-                                  "SlurmConfig": {"NodeType": "Controller"}}]
+    igs: list[dict[str, Any]] = [
+        {
+            "InstanceGroupName": "controller",
+            "InstanceType": "cpu.small",
+            "InstanceCount": 1,
+            "SlurmConfig": {"NodeType": "Controller"},
+        }
+    ]
     if login:
-        igs.append({"InstanceGroupName": "login", "InstanceType": itype, "InstanceCount": 1,
-                    "SlurmConfig": {"NodeType": "Login"}})
+        igs.append(
+            {
+                "InstanceGroupName": "login",
+                "InstanceType": itype,
+                "InstanceCount": 1,
+                "SlurmConfig": {"NodeType": "Login"},
+            }
+        )
     for g, t, n in groups or [("cpu", itype, 2)]:
-        igs.append({"InstanceGroupName": g, "InstanceType": t, "InstanceCount": n,
-                    "SlurmConfig": {"NodeType": "Compute", "PartitionNames": [g]}})
+        igs.append(
+            {
+                "InstanceGroupName": g,
+                "InstanceType": t,
+                "InstanceCount": n,
+                "SlurmConfig": {"NodeType": "Compute", "PartitionNames": [g]},
+            }
+        )
     return {"ClusterName": name, "InstanceGroups": igs, **top}

@@ -83,7 +83,7 @@ class Agent:
 
         try:
             RecoveryWatcher(self.env, self.name).run(self.stop)
-        except Exception as e:  # a bug in the watcher: reported; provisioning goes on without it
+        except Exception as e:  # noqa: BLE001 - a bug in the watcher: reported; provisioning goes on without it
             report_bug(self.env.store, self.name, "the recovery watcher", e, log)
 
     def _onstart_queue(self) -> OnStartQueue:
@@ -149,7 +149,7 @@ class Agent:
         except TRANSIENT as e:
             log.warning("group %s: %s", rec.group, e)
             return 2.0
-        except Exception as e:  # a bug: reported once; the group waits for a spec change or a restart
+        except Exception as e:  # noqa: BLE001 - a bug: reported once; the group waits for a spec change or a restart
             sig = bug_signature(e)
             if self._bugs.get(rec.group) != sig:
                 report_bug(self.env.store, self.name, f"provisioning of group {rec.group}", e, log, group=rec.group)
@@ -217,7 +217,9 @@ class Agent:
             f"(all-or-nothing), rolling back to {op['previous']}: {why}"
         )
 
-        def revert(spec: dict[str, Any], prev: int = op["previous"], gname: str = g.InstanceGroupName) -> dict[str, Any]:
+        def revert(
+            spec: dict[str, Any], prev: int = op["previous"], gname: str = g.InstanceGroupName
+        ) -> dict[str, Any]:
             for ig in spec["InstanceGroups"]:
                 if ig["InstanceGroupName"] == gname:
                     ig["InstanceCount"] = prev

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
-
+from collections.abc import Callable
 
 RETRY_BUSY_S = 5.0
 GATHER_S = 1.0  # nodes that joined together are checked together
@@ -55,7 +54,7 @@ class OnStartQueue:
             with self._cv:
                 self._nodes = batch + self._nodes
             return
-        except Exception as e:  # reported by on_error (a bug as a bug); the nodes stay drained: safe
+        except Exception as e:  # noqa: BLE001 - reported by on_error (a bug as a bug); the nodes stay drained: safe
             self.on_error(batch, e)
         with self._cv:
             self._pending -= set(batch)

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
-import time
-from typing import Callable
+from collections.abc import Callable
 
 from ..cluster.context import Cluster
 from ..cluster.launcher import Launcher
@@ -64,14 +63,14 @@ class GroupReconciler:
         group: str,
         launcher: Launcher,
         on_joined: Callable[[str], None] | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
     ):
         self.c = cluster
         self.group = group
         self.launcher = launcher
         self.rec = Recorder(cluster)
         self.on_joined = on_joined  # a node of a group with on-start checks joined: check it
-        self.clock = clock
+        self.clock = clock or cluster.store.clock  # the clock the phase history is written with
 
     def step(self, snodes: SNodes) -> float:
         """One pass; returns how long until the next pass is needed."""
@@ -123,9 +122,12 @@ class GroupReconciler:
                 )
             return 0.1
         # 3. scale up: launch missing nodes whose retry is due. A node being rebooted or
-        # replaced may have no container for a moment: recovery owns it, it is not missing.
+        # replaced (or checked) may have no container for a moment: its owner acts, it is
+        # not missing.
         recovering = {
-            n for n, (_, _, t) in latest.items() if n not in mine and owner(phase[n], t, now) is Owner.RECOVERY
+            n
+            for n, (_, _, t) in latest.items()
+            if n not in mine and owner(phase[n], t, now) in (Owner.RECOVERY, Owner.HEALTH)
         }
         missing = g.InstanceCount - len(active) - len(recovering)
         used = {ci.index for ci in mine.values()} | {split_node(n)[1] for n in recovering}
@@ -175,7 +177,9 @@ class GroupReconciler:
             return 0.3
         if ci.dead:
             tail = self.c.p.logs(ci.id, tail=3).strip().replace("\n", " | ")[-300:]
-            err = LaunchError("ContainerExited", f"container exited with code {ci.exit_code} at start: {tail}", retryable=True)
+            err = LaunchError(
+                "ContainerExited", f"container exited with code {ci.exit_code} at start: {tail}", retryable=True
+            )
             self._failed(n, err, ci)
             return 0.5
         if not ci.running:
@@ -240,8 +244,7 @@ class GroupReconciler:
     def _launch(self, g: InstanceGroup, indices: list[int]) -> None:
         for i in indices:
             n = node_name(self.group, i)
-            h = self.rec.history(n)
-            if h.phase in (None, Phase.REMOVED, Phase.LAUNCH_FAILED, Phase.RUNNING):
+            if self.rec.history(n).phase is not Phase.QUEUED:
                 self.rec.set(self.group, n, Phase.QUEUED, "waiting for capacity")
         res = self.launcher.create_many([(g, i) for i in indices])
         for n, r in res.items():
@@ -294,7 +297,7 @@ class GroupReconciler:
             try:
                 slurm.delete([n])
             except OperationFailed as e:
-                log.warning("scontrol delete %s: %s", n, e)
+                log.warning("deleting %s from Slurm: %s", n, e)
         self.c.p.remove_container(ci.id)
         self.rec.set(
             self.group,

@@ -1,11 +1,13 @@
 """hp's images as files, for a CI cache: `hp images save/load/key`."""
+
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..cluster.context import Env
 from ..docker.images import ALL_IMAGES, CHECK_IMAGES, LOCAL_BASE, NODE_IMAGES, PULL_BASE, context_hash
@@ -80,8 +82,10 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     """The manifest, checked for shape; every problem found is reported at once."""
     mpath = directory / MANIFEST
     if not directory.is_dir():
-        raise BadInput(f"{directory} is not a directory (save images there with 'hp images save {directory}')",
-                       "cannot load images")
+        raise BadInput(
+            f"{directory} is not a directory (save images there with 'hp images save {directory}')",
+            "cannot load images",
+        )
     if not mpath.is_file():
         raise BadInput(f"{mpath} is missing: {directory} holds no saved images", "cannot load images")
     try:
@@ -138,7 +142,14 @@ def load_images(env: Env, directory: Path, log: Log = lambda s: None, force: boo
         raise OperationFailed(f"after loading {path}, these images are missing or differ: {', '.join(wrong)}")
     key = images_key(env)
     if doc["Key"] != key:
-        log(f"note: these images were saved for inputs {doc['Key']}, the inputs now hash to {key}: "
-            "'hp create' will build what changed")
-    return {"Directory": str(directory), "Key": doc["Key"], "KeyMatches": doc["Key"] == key,
-            "Loaded": bool(missing or force), "Images": doc["Images"]}
+        log(
+            f"note: these images were saved for inputs {doc['Key']}, the inputs now hash to {key}: "
+            "'hp create' will build what changed"
+        )
+    return {
+        "Directory": str(directory),
+        "Key": doc["Key"],
+        "KeyMatches": doc["Key"] == key,
+        "Loaded": bool(missing or force),
+        "Images": doc["Images"],
+    }

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..cluster.context import Cluster, Env
 from ..docker.views import Container
@@ -40,7 +41,9 @@ class LogWriter:
         self.write(rel, json.dumps(doc, indent=2, default=str) + "\n")
 
 
-def nodes_to_collect(containers: dict[str, Container], recorded: dict[str, tuple[str, str, float]], now: float) -> list[str]:
+def nodes_to_collect(
+    containers: dict[str, Container], recorded: dict[str, tuple[str, str, float]], now: float
+) -> list[str]:
     """Nodes with a container, and recorded ones that are not long gone."""
     keep = set(containers)
     for n, (phase, _, t) in recorded.items():
@@ -88,7 +91,12 @@ def export_logs(env: Env, name: str, directory: Path, log: Log = lambda s: None)
 
 
 def _node_logs(
-    cluster: Cluster, w: LogWriter, node: str, c: Container | None, recorded: tuple[str, str, float] | None, ctl_up: bool
+    cluster: Cluster,
+    w: LogWriter,
+    node: str,
+    c: Container | None,
+    recorded: tuple[str, str, float] | None,
+    ctl_up: bool,
 ) -> None:
     p = cluster.p
     phase = {"RecordedStatus": recorded[0] if recorded else None, "Message": recorded[1] if recorded else None}

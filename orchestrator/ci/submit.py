@@ -11,9 +11,10 @@ import os
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..cluster.context import DEFAULT_UID, DEFAULT_USER, Cluster, Env
 from ..cluster.exec import exec_target

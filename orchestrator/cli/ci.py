@@ -18,7 +18,9 @@ def submit(
     sbatch_args: Optional[list[str]] = typer.Argument(None, help="More sbatch arguments, after --."),
     partition: Optional[str] = typer.Option(None, "--partition", "-p", help="Partition (default: dev)."),
     nodes: Optional[int] = typer.Option(None, "--nodes", "-N", help="Number of nodes."),
-    timeout: float = typer.Option(3600, "--timeout", help="Seconds to wait for the job; then it is cancelled (exit 3)."),
+    timeout: float = typer.Option(
+        3600, "--timeout", help="Seconds to wait for the job; then it is cancelled (exit 3)."
+    ),
     json_out: bool = JsonOpt,
 ) -> None:
     """Run a batch job as the default user, stream its output, exit with its exit code.

@@ -93,7 +93,9 @@ def list_(json_out: bool = JsonOpt) -> None:
     if not doc["EngineReachable"]:
         out.info("warning: the Docker engine does not answer: statuses are the last recorded ones")
     out.table(
-        None, ["NAME", "STATUS", "CREATED"], [[c["ClusterName"], c["ClusterStatus"], c["CreationTime"]] for c in doc["ClusterSummaries"]]
+        None,
+        ["NAME", "STATUS", "CREATED"],
+        [[c["ClusterName"], c["ClusterStatus"], c["CreationTime"]] for c in doc["ClusterSummaries"]],
     )
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, List, Optional
+from typing import Any, Optional
 
 import typer
 
@@ -15,10 +15,12 @@ health_app = sub_app("Deep health checks (InstanceStress, InstanceConnectivity) 
 @health_app.command("start")
 def start(
     name: str,
-    group: List[str] = typer.Option([], "--group", "-g", help="Check every node of this group (repeatable)."),
-    node: List[str] = typer.Option([], "--node", "-n", help="Check this node (repeatable)."),
-    check: List[str] = typer.Option([], "--check", help="InstanceStress or InstanceConnectivity (default both)."),
-    wait_idle_timeout: float = typer.Option(600, "--wait-idle-timeout", help="Seconds to wait for running jobs to end."),
+    group: list[str] = typer.Option([], "--group", "-g", help="Check every node of this group (repeatable)."),
+    node: list[str] = typer.Option([], "--node", "-n", help="Check this node (repeatable)."),
+    check: list[str] = typer.Option([], "--check", help="InstanceStress or InstanceConnectivity (default both)."),
+    wait_idle_timeout: float = typer.Option(
+        600, "--wait-idle-timeout", help="Seconds to wait for running jobs to end."
+    ),
     stress_seconds: int = typer.Option(3, "--stress-seconds", help="stress-ng run time per node."),
     vm_bytes: str = typer.Option("64M", "--vm-bytes", help="stress-ng memory stressor size (e.g. 64M, 1G, 50%)."),
     dcgm_level: int = typer.Option(2, "--dcgm-level", help="dcgmi diag -r LEVEL on GPU nodes (1-4)."),

@@ -40,7 +40,8 @@ def list_(json_out: bool = JsonOpt) -> None:
 
 @images_app.command("save")
 def save(
-    directory: Path = typer.Argument(..., help="Folder to write the images and manifest into."), json_out: bool = JsonOpt
+    directory: Path = typer.Argument(..., help="Folder to write the images and manifest into."),
+    json_out: bool = JsonOpt,
 ) -> None:
     """Save hp's images (base, node, check) as one tar plus a manifest, e.g. for a CI cache."""
     from ..ci.images_io import save_images

@@ -1,10 +1,12 @@
 """Output for people (rich tables, progress on a TTY) and for machines (--json, plain)."""
+
 from __future__ import annotations
 
 import json
 import os
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 
 def is_tty() -> bool:
@@ -31,8 +33,12 @@ class Out:
         if self._err is None:
             from rich.console import Console
 
-            self._err = Console(stderr=True, no_color=not sys.stderr.isatty() or bool(os.environ.get("NO_COLOR")),
-                                highlight=False, soft_wrap=True)
+            self._err = Console(
+                stderr=True,
+                no_color=not sys.stderr.isatty() or bool(os.environ.get("NO_COLOR")),
+                highlight=False,
+                soft_wrap=True,
+            )
         return self._err
 
     def json(self, doc: Any) -> None:
@@ -60,7 +66,7 @@ class Out:
             if title:
                 print(title)
             for r in cells:
-                print("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip())
+                print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
             return
         from rich.table import Table
 

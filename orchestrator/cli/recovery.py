@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import typer
+
 from .common import EXIT_CODES, JsonOpt, env
 from .output import Out
-
-import typer
 
 ReasonOpt = typer.Option("requested by hand", "--reason", help="Why: recorded in the node's status and events.")
 TimeoutOpt = typer.Option(60.0, "--timeout", help="Seconds to wait for each node to be usable again.")
@@ -42,7 +42,10 @@ def _run(action: str, name: str, nodes: list[str], reason: str, timeout: float, 
         out.table(
             None,
             ["NODE", "ACTION", "RESULT", "NODE ID"],
-            [[r["SlurmNodeName"], action, "back in service" if r["Succeeded"] else "FAILED", r["NodeId"] or ""] for r in rows],
+            [
+                [r["SlurmNodeName"], action, "back in service" if r["Succeeded"] else "FAILED", r["NodeId"] or ""]
+                for r in rows
+            ],
         )
     from ..recovery.by_hand import check_all_back
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, List, Optional
+from typing import Any, Optional
 
 import typer
 
@@ -58,7 +58,7 @@ def add_nodes(
 
 
 def delete_nodes(
-    name: str, nodes: List[str] = typer.Argument(..., help="Slurm node names or node ids."), json_out: bool = JsonOpt
+    name: str, nodes: list[str] = typer.Argument(..., help="Slurm node names or node ids."), json_out: bool = JsonOpt
 ) -> None:
     """Remove chosen nodes (drained first; running jobs end first). Returns at once."""
     from ..cluster.scaling import delete_nodes as do_delete

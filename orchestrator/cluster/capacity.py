@@ -6,15 +6,16 @@ one node at a time); an admin can cap how many nodes of a type may run
 labels are the truth), under a host-wide lock so two launchers can't both take the
 last slot.
 """
+
 from __future__ import annotations
 
 import fcntl
 import json
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from ..docker.provider import Provider
 from ..docker.views import Container
@@ -124,9 +125,10 @@ def host_lock(home: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def ceiling(itype: InstanceType, pool: Pool, lim: dict[str, int]) -> tuple[int, str]:
+def ceiling(itype: InstanceType, pool: Pool) -> tuple[int, str]:
     """The most nodes of `itype` the host could ever run at once (every other node
-    gone), and what sets that bound."""
+    gone), and what sets that bound. Admin limits (`hp capacity set`) are not bounds:
+    they change, and nodes wait for them in continuous mode."""
     bounds = []
     if itype.cpu_limit > 0:
         bounds.append((int(pool.cpus // itype.cpu_limit + 1e-9), f"{pool.cpus:g} CPU in the pool"))
@@ -134,8 +136,6 @@ def ceiling(itype: InstanceType, pool: Pool, lim: dict[str, int]) -> tuple[int, 
         bounds.append((pool.memory_mib // itype.memory_mib, f"{pool.memory_mib} MiB of memory"))
     if itype.gpus:
         bounds.append((len(pool.gpus) // itype.gpus, f"{len(pool.gpus)} GPU(s)"))
-    if itype.name in lim:
-        bounds.append((lim[itype.name], f"the limit set with 'hp capacity set {itype.name}'"))
     if not bounds:
         return 1 << 30, "no bound"
     n, why = min(bounds, key=lambda b: b[0])
@@ -157,7 +157,9 @@ def report(provider: Provider, store: Store, catalogue: dict[str, InstanceType])
     }
 
 
-def set_limit_checked(store: Store, catalogue: dict[str, InstanceType], itype: str, count: int | None, clear: bool) -> None:
+def set_limit_checked(
+    store: Store, catalogue: dict[str, InstanceType], itype: str, count: int | None, clear: bool
+) -> None:
     """`hp capacity set`: every problem at once (BadInput), else the new limit."""
     from ..errors import BadInput
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import os
 import secrets
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Callable, ContextManager, Protocol, Sequence, TypeVar
+from typing import Protocol, TypeVar
 
 from ..docker.engine import DockerEngine
 from ..docker.images import Images
@@ -39,7 +41,7 @@ class Agents(Protocol):
 
     def stop(self, name: str) -> None: ...
 
-    def creation_lock(self, name: str) -> ContextManager[None]: ...
+    def creation_lock(self, name: str) -> AbstractContextManager[None]: ...
 
 
 @dataclass

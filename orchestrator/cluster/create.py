@@ -80,13 +80,13 @@ def image_defs(spec: ClusterSpec) -> tuple:
 def capacity_problems(env: Env, spec: ClusterSpec) -> list[str]:
     """Instance types the spec asks more of than the host could ever run (the host's
     whole pool, every other node gone): refused before anything is made."""
-    pool, lim = capacity.host_pool(env.provider), capacity.limits(env.store)
+    pool = capacity.host_pool(env.provider)
     wanted: dict[str, int] = {}
     for g in spec.InstanceGroups:
         wanted[g.InstanceType] = wanted.get(g.InstanceType, 0) + g.InstanceCount
     problems = []
     for t, n in wanted.items():
-        most, why = capacity.ceiling(env.catalogue[t], pool, lim)
+        most, why = capacity.ceiling(env.catalogue[t], pool)
         if n > most:
             problems.append(f"{n} node(s) of {t} are more than this host can ever run: {most} ({why})")
     return problems
@@ -154,9 +154,7 @@ def _create(cluster: Cluster, images: dict[str, str], opts: CreateOptions, progr
     ctl_res = _start_controller(cluster, launcher, conf)
 
     # While slurmctld boots, create every other node's container.
-    wanted = [
-        (g, i) for g in spec.InstanceGroups if g.node_type != "Controller" for i in range(1, g.InstanceCount + 1)
-    ]
+    wanted = [(g, i) for g in spec.InstanceGroups if g.node_type != "Controller" for i in range(1, g.InstanceCount + 1)]
     groups = {node_name(g.InstanceGroupName, i): g for g, i in wanted}
     for n in groups:
         env.store.set_phase(name, n, Phase.QUEUED, "waiting for capacity")
@@ -180,7 +178,7 @@ def _create(cluster: Cluster, images: dict[str, str], opts: CreateOptions, progr
     progress.stage("nodes", "starting login and compute nodes")
     outcome = LaunchOutcome()
     ids = [(n, r) for n, r in created.items() if isinstance(r, str)]
-    for (n, cid), err in zip(ids, parallel(lambda t: launcher.start(t[1]), ids)):
+    for (n, cid), err in zip(ids, parallel(lambda t: launcher.start(t[1]), ids), strict=True):
         if err:
             outcome.failed[n] = err
         else:
@@ -208,7 +206,7 @@ def _create(cluster: Cluster, images: dict[str, str], opts: CreateOptions, progr
         # the workers in as they come, and retries what failed.
         if opts.wait:
             progress.stage("wait", "waiting for the login node(s)")
-            wait_nodes(cluster, [], logins, deadline, opts.register_timeout, progress, strict=False)
+            wait_nodes(cluster, [], logins, deadline, opts.register_timeout, progress, strict=True)
             for n in logins:
                 env.store.set_phase(name, n, Phase.RUNNING)
         _in_service(cluster)

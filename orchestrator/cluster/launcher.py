@@ -7,7 +7,16 @@ from __future__ import annotations
 
 from ..docker.views import ContainerSpec
 from ..errors import EngineError, LaunchError
-from ..naming import L_GPUS, ROLE_BY_NODE_TYPE, container_name, labels, network_name, node_name, shared_volume, state_volume
+from ..naming import (
+    L_GPUS,
+    ROLE_BY_NODE_TYPE,
+    container_name,
+    labels,
+    network_name,
+    node_name,
+    shared_volume,
+    state_volume,
+)
 from ..slurm.conf import slurmd_conf
 from ..slurm.model import ONSTART_REASON
 from ..spec.model import InstanceGroup
@@ -20,9 +29,7 @@ FileMap = dict[str, tuple[bytes, int, int]]
 def classify(e: EngineError, what: str) -> LaunchError:
     """An engine error while launching, as a LaunchError that says whether to retry."""
     if e.missing:
-        return LaunchError(
-            "ImageNotFound", f"{what}: {e}; build the images with 'hp images build'", retryable=False
-        )
+        return LaunchError("ImageNotFound", f"{what}: {e}; build the images with 'hp images build'", retryable=False)
     if e.conflict:
         return LaunchError("ContainerExists", f"{what}: {e}", retryable=True)
     return LaunchError("ContainerCreateFailed", f"{what}: {str(e)[:300]}", retryable=True)
@@ -90,7 +97,7 @@ class Launcher:
                 used = used.plus(itype, gpus or [])
                 todo.append((g, i, gpus))
             results = parallel(lambda t: self._create_one(t[0], t[1], t[2], files, drain_reason), todo)
-        for (g, i, _), r in zip(todo, results):
+        for (g, i, _), r in zip(todo, results, strict=True):
             out[node_name(g.InstanceGroupName, i)] = r
         return out
 

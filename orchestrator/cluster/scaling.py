@@ -46,7 +46,7 @@ def bound_problems(c: Cluster, group: str, new_count: int) -> list[str]:
                 f"set MaxNodeCount in the spec, at most {SLURM_MAX_NODES}, to make room)"
             )
     itype = c.env.catalogue[g.InstanceType]
-    ceiling, why = capacity.ceiling(itype, capacity.host_pool(c.p), capacity.limits(c.store))
+    ceiling, why = capacity.ceiling(itype, capacity.host_pool(c.p))
     same_type = sum(x.InstanceCount for x in spec.InstanceGroups if x.InstanceType == g.InstanceType and x is not g)
     if same_type + new_count > ceiling:
         problems.append(
@@ -92,7 +92,11 @@ def scale(env: Env, name: str, group: str, count: int, *, add: bool = False) -> 
     target = next(ig["InstanceCount"] for ig in new["InstanceGroups"] if ig["InstanceGroupName"] == group)
     op = env.store.add_operation(name, group, "Scale", target, prev["n"])
     env.store.event(
-        name, "InstanceGroup", "Info", f"Scaling instance group {group} in cluster {name} from {prev['n']} to {target}", group
+        name,
+        "InstanceGroup",
+        "Info",
+        f"Scaling instance group {group} in cluster {name} from {prev['n']} to {target}",
+        group,
     )
     env.agents.ensure(name)
     env.agents.poke(name)
@@ -130,9 +134,7 @@ def delete_nodes(env: Env, name: str, nodes: list[str]) -> dict[str, Any]:
             problems.append(f"{real} is already being removed")
             continue
         if owner(phase or None, since, now) in (Owner.HEALTH, Owner.RECOVERY):
-            problems.append(
-                f"{real} is {phase} (a health check or recovery owns it now); try again when it is Running"
-            )
+            problems.append(f"{real} is {phase} (a health check or recovery owns it now); try again when it is Running")
             continue
         chosen[real] = existing[real].group
     if problems:
@@ -155,8 +157,12 @@ def delete_nodes(env: Env, name: str, nodes: list[str]) -> dict[str, Any]:
     env.store.update_spec(name, change, [(n, Phase.SHUTTING_DOWN, "delete-nodes") for n in chosen])
     for n, g in chosen.items():
         env.store.event(
-            name, "Instance", "Info", f"Instance {n} in cluster {name} and instance group {g} is being removed "
-            "(delete-nodes)", g, node=n
+            name,
+            "Instance",
+            "Info",
+            f"Instance {n} in cluster {name} and instance group {g} is being removed (delete-nodes)",
+            g,
+            node=n,
         )
     for g, ns in per_group.items():
         env.store.add_operation(name, g, "DeleteNodes", None, None, ns)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..errors import WaitTimeout
 from .context import Env
@@ -27,7 +28,9 @@ def wait_groups(env: Env, name: str, groups: list[str], timeout: float, show: Ca
         if line != last:
             show(line)
             last = line
-        if all(g["CurrentCount"] == g["TargetCount"] and not g["PendingCount"] and not g["ActiveOperations"] for g in gs):
+        if all(
+            g["CurrentCount"] == g["TargetCount"] and not g["PendingCount"] and not g["ActiveOperations"] for g in gs
+        ):
             return doc
         if time.monotonic() > deadline:
             raise WaitTimeout(f"timed out after {timeout:g} s: {line}")

@@ -10,9 +10,10 @@ import io
 import os
 import tarfile
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any, Iterator
+from typing import IO, Any
 
 from ..errors import EngineError, EngineUnavailable, ObjectMissing
 from ..naming import L_CLUSTER, L_MANAGED
@@ -45,6 +46,7 @@ DOCKER_HELP = (
 def _errors(what: str) -> Iterator[None]:
     """docker-py's exceptions, as hp's typed errors naming what was being done."""
     import requests
+    import urllib3
     from docker import errors as de
 
     try:
@@ -56,8 +58,10 @@ def _errors(what: str) -> Iterator[None]:
         raise EngineError(f"{what}: {_short(e.explanation or e)}", code) from None
     except (requests.exceptions.ConnectionError, de.DockerException) as e:
         raise EngineUnavailable(DOCKER_HELP.format(detail=f" ({_short(e)})")) from None
-    except requests.exceptions.RequestException as e:  # a read timeout, a broken stream
+    except (requests.exceptions.RequestException, urllib3.exceptions.HTTPError) as e:  # a timeout, a broken stream
         raise EngineError(f"{what}: {_short(e)}") from None
+    except OSError as e:  # the socket itself (the engine went away mid-call)
+        raise EngineUnavailable(DOCKER_HELP.format(detail=f" ({_short(e)})")) from None
 
 
 class DockerEngine:

@@ -15,9 +15,9 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from ..errors import EngineError, ObjectMissing, OperationFailed
 from .provider import Provider
@@ -180,6 +180,11 @@ class Images:
         except OperationFailed:
             return [{"Image": d.repo(), "Tag": "", "Present": False} for d in ALL_IMAGES]
         return [
-            {"Image": d.repo(), "Tag": self.tag(d, base_id), "Present": self.exists(self.tag(d, base_id)), "Base": base_ref}
+            {
+                "Image": d.repo(),
+                "Tag": self.tag(d, base_id),
+                "Present": self.exists(self.tag(d, base_id)),
+                "Base": base_ref,
+            }
             for d in ALL_IMAGES
         ]

@@ -15,8 +15,9 @@ never a docker-py exception. Labels are the truth of what exists: `containers`,
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Callable, Iterator, Protocol, runtime_checkable
+from typing import IO, Protocol, runtime_checkable
 
 from .views import (
     Container,
@@ -136,9 +137,7 @@ class Provider(Protocol):
 
     def import_image(self, tar_path: Path, repo: str, tag: str, changes: list[str]) -> None: ...
 
-    def build_image(
-        self, context: Path, tag: str, target: str | None, buildargs: dict[str, str], log: Log
-    ) -> None: ...
+    def build_image(self, context: Path, tag: str, target: str | None, buildargs: dict[str, str], log: Log) -> None: ...
 
     def tag_image(self, ref: str, repo: str, tag: str) -> None: ...
 

@@ -6,13 +6,13 @@ JSON documents: providers return these.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any, Iterator, Protocol
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from ..naming import L_GPUS, L_GROUP, L_INDEX, L_ITYPE, L_NODE, L_ROLE
 
 NODE_ROLES = ("controller", "login", "worker")  # not "check": health-check containers carry a node's labels too
-SERVICE_ROLES = ("accounting", "database", "rest", "fileserver")  # a cluster's service containers
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,16 @@ class ContainerState:
     error: str = ""
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """In the engine's own words (as `docker inspect` shows State)."""
+        return {
+            "Status": self.status,
+            "Running": self.running,
+            "ExitCode": self.exit_code,
+            "OOMKilled": self.oom_killed,
+            "StartedAt": self.started_at,
+            "FinishedAt": self.finished_at,
+            "Error": self.error,
+        }
 
 
 @dataclass(frozen=True)

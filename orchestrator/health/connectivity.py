@@ -46,8 +46,21 @@ def setup_ssh(cluster: Cluster, cars: list[sidecar.Sidecar]) -> None:
         sidecar.run(cluster, sc, ["mkdir", "-p", "-m", "700", "/root/.ssh", "/run/sshd"])
         cluster.p.put_files(sc.cid, "/root/.ssh", {"authorized_keys": (pub, 0o600, 0), "hp-health": (priv, 0o600, 0)})
         sidecar.run(cluster, sc, ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", host_key])
-        sidecar.run(cluster, sc, ["/usr/sbin/sshd", "-p", str(SSH_PORT), "-h", host_key, "-o",
-                                  "PasswordAuthentication=no", "-o", "PermitRootLogin=prohibit-password"])
+        sidecar.run(
+            cluster,
+            sc,
+            [
+                "/usr/sbin/sshd",
+                "-p",
+                str(SSH_PORT),
+                "-h",
+                host_key,
+                "-o",
+                "PasswordAuthentication=no",
+                "-o",
+                "PermitRootLogin=prohibit-password",
+            ],
+        )
         sidecar.run(cluster, sc, iperf.server_command())
 
     parallel(one, cars)
@@ -64,7 +77,7 @@ def iperf_ring(
         r = sidecar.run(cluster, by[a], iperf.client_command(b, seconds))
         return iperf.run_verdict(r.output, r.exit_code, min_gbps), r.output
 
-    res = dict(zip(pairs, parallel(one, pairs)))
+    res = dict(zip(pairs, parallel(one, pairs), strict=True))
     text = "".join(f"==== iperf3 {a} -> {b} ====\n{out}\n" for (a, b), (_, out) in res.items())
     return {p: v for p, (v, _) in res.items()}, {p: v.passed for p, (v, _) in res.items()}, text
 
@@ -85,7 +98,9 @@ def nccl_allreduce(cluster: Cluster, cars: list[sidecar.Sidecar], itype: Instanc
     binary = os.environ.get("HP_NCCL_TESTS_BIN", "/usr/local/bin/all_reduce_perf")
     cmd = mpi.mpirun(hosts, SSH, nccl.command(binary, itype.gpus), tcp=False)
     r = sidecar.run(cluster, cars[0], cmd)
-    return nccl.run_verdict(r.output, r.exit_code, thresholds(itype)["NcclBusBwGbps"]), f"==== {' '.join(cmd)}\n{r.output}\n"
+    return nccl.run_verdict(
+        r.output, r.exit_code, thresholds(itype)["NcclBusBwGbps"]
+    ), f"==== {' '.join(cmd)}\n{r.output}\n"
 
 
 def run_connectivity(

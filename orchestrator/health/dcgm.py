@@ -8,7 +8,6 @@ from typing import Any
 
 from .verdict import ParseError, Verdict, json_object, obj, verdict
 
-
 # --------------------------------------------------------------------------
 # DCGM
 # --------------------------------------------------------------------------
@@ -129,9 +128,7 @@ def _dcgm_ids(raw: Any) -> tuple[int, ...]:
     return tuple(ids)
 
 
-def _dcgm_result(
-    test: str, category: str, raw: dict[str, Any], summary: bool
-) -> DcgmTestResult:
+def _dcgm_result(test: str, category: str, raw: dict[str, Any], summary: bool) -> DcgmTestResult:
     ids: tuple[int, ...]
     if summary:
         group, ids = "", ()
@@ -159,9 +156,7 @@ def _dcgm_failure(r: DcgmTestResult) -> str:
         where = ""
     elif r.entity_ids:
         noun = "GPU" if r.entity_group == "GPU" else r.entity_group
-        where = f" on {noun}{'s' if len(r.entity_ids) > 1 else ''} " + ",".join(
-            map(str, r.entity_ids)
-        )
+        where = f" on {noun}{'s' if len(r.entity_ids) > 1 else ''} " + ",".join(map(str, r.entity_ids))
     else:
         where = " on all GPUs"
     msg = "; ".join(r.warnings) or "; ".join(r.info) or "no message from DCGM"
@@ -180,9 +175,7 @@ def parse_dcgm(text: str) -> DcgmResult:
     elif "DCGM GPU Diagnostic" in doc:
         layout, body = "3.x", doc["DCGM GPU Diagnostic"]
     else:
-        raise ParseError(
-            "dcgmi diag: neither 'DCGM Diagnostic' nor 'DCGM GPU Diagnostic' in JSON"
-        )
+        raise ParseError("dcgmi diag: neither 'DCGM Diagnostic' nor 'DCGM GPU Diagnostic' in JSON")
     body = obj(body)
     meta = obj(doc.get("metadata"))
 
@@ -205,17 +198,13 @@ def parse_dcgm(text: str) -> DcgmResult:
                 if isinstance(raw, dict):
                     results.append(_dcgm_result(name, category, raw, summary=False))
             if isinstance(test.get("test_summary"), dict):
-                results.append(
-                    _dcgm_result(name, category, test["test_summary"], summary=True)
-                )
+                results.append(_dcgm_result(name, category, test["test_summary"], summary=True))
 
     runtime_error = pick("runtime_error")
     failures: list[str] = []
     if runtime_error:
         failures.append(f"DCGM could not run the diagnostic: {runtime_error}")
-    failed_entity_tests = {
-        r.test for r in results if r.status == "Fail" and not r.summary
-    }
+    failed_entity_tests = {r.test for r in results if r.status == "Fail" and not r.summary}
     for r in results:
         if r.status == "Fail" and not (r.summary and r.test in failed_entity_tests):
             failures.append(_dcgm_failure(r))
@@ -235,17 +224,9 @@ def parse_dcgm(text: str) -> DcgmResult:
 def judge_dcgm(result: DcgmResult, exit_code: int) -> Verdict:
     """Fail on any DCGM failure or a non-zero dcgmi exit status."""
     reasons = list(result.failures)
-    if (
-        result.results
-        and not result.failures
-        and all(r.status == "Skip" for r in result.results)
-    ):
-        why = "; ".join(
-            dict.fromkeys(m for r in result.results for m in r.info + r.warnings)
-        )
-        reasons.append(
-            "DCGM skipped every test, nothing was checked" + (f": {why}" if why else "")
-        )
+    if result.results and not result.failures and all(r.status == "Skip" for r in result.results):
+        why = "; ".join(dict.fromkeys(m for r in result.results for m in r.info + r.warnings))
+        reasons.append("DCGM skipped every test, nothing was checked" + (f": {why}" if why else ""))
     if exit_code != 0:
         reasons.append(f"dcgmi exited {exit_code}: {dcgmi_exit_reason(exit_code)}")
     figures = {

@@ -145,7 +145,9 @@ class Engine:
         r.state, r.ended, r.reasons, r.figures, r.output = state, time.time(), reasons, figures, str(path)
         self.rec.update(row, r)
         level = {"Passed": "Info", "Failed": "Error"}.get(state, "Warning")
-        what = {"Passed": "passed", "Failed": "failed: " + "; ".join(reasons)[:300]}.get(state, "; ".join(reasons)[:300])
+        what = {"Passed": "passed", "Failed": "failed: " + "; ".join(reasons)[:300]}.get(
+            state, "; ".join(reasons)[:300]
+        )
         self.c.store.event(
             self.c.name,
             "Instance",
@@ -168,7 +170,7 @@ class Engine:
             v, out = self.run_stress(run.itype, sc)
         except TRANSIENT as e:  # the check could not run (engine, tool): a failed check
             v, out = Verdict(False, [f"check did not run: {e}"]), f"check did not run: {e}"
-        except Exception as e:  # a bug: not a verdict on the node
+        except Exception as e:  # noqa: BLE001 - a bug: not a verdict on the node
             self._internal_error(run, "InstanceStress", row, r, e)
             return
         finally:
@@ -217,7 +219,9 @@ class Engine:
         finally:
             sidecar.stop(self.c, dsc)
         dv = dcgm.run_verdict(d.output, d.exit_code)
-        return Verdict(not (reasons + dv.reasons), reasons + dv.reasons, {**figures, **dv.figures}), out + "\n" + d.output
+        return Verdict(
+            not (reasons + dv.reasons), reasons + dv.reasons, {**figures, **dv.figures}
+        ), out + "\n" + d.output
 
     def check(self, runs: list[NodeRun], peers: list[NodeRun] = ()) -> None:
         """Run the requested checks on `runs` (peers join the connectivity check only)."""
@@ -226,7 +230,7 @@ class Engine:
         cars: dict[str, sidecar.Sidecar] = {}
         try:
             started = parallel(lambda x: sidecar.start(self.c, cont[x.node], self.image, self.rid), everyone)
-            for x, sc in zip(everyone, started):
+            for x, sc in zip(everyone, started, strict=True):
                 cars[x.node] = sc
             if "InstanceStress" in self.opts.checks:
                 parallel(lambda x: self.stress_one(x, cars[x.node]), runs)
@@ -239,7 +243,9 @@ class Engine:
         rows = {x.node: self._row(x, "InstanceConnectivity") for x in runs}
         if len(everyone) < 2:
             for x in runs:
-                self._finish(*rows[x.node], "Failed", ["InstanceConnectivity needs at least 2 nodes under check"], {}, "")
+                self._finish(
+                    *rows[x.node], "Failed", ["InstanceConnectivity needs at least 2 nodes under check"], {}, ""
+                )
                 x.failed["InstanceConnectivity"] = "needs at least 2 nodes"
             return
         try:
@@ -251,7 +257,7 @@ class Engine:
                 self._finish(*rows[x.node], "Failed", [f"check did not run: {e}"], {}, str(e))
                 x.failed["InstanceConnectivity"] = str(e)[:150]
             return
-        except Exception as e:  # a bug: not a verdict on the nodes
+        except Exception as e:  # noqa: BLE001 - a bug: not a verdict on the nodes
             for x in runs:
                 self._internal_error(x, "InstanceConnectivity", *rows[x.node], e)
             return
@@ -262,7 +268,9 @@ class Engine:
                 x.failed["InstanceConnectivity"] = why[0][:150]
 
 
-def run_request(cluster: Cluster, rid: str, nodes: list[str], opts: Options, peers: list[str] = ()) -> dict[str, Outcome]:
+def run_request(
+    cluster: Cluster, rid: str, nodes: list[str], opts: Options, peers: list[str] = ()
+) -> dict[str, Outcome]:
     """Check `nodes`; returns node -> final verdict (Passed, Failed, Skipped: why, Error:
     why). `peers` (not drained, not judged) only join the connectivity check: a lone new
     node needs someone to talk to."""
@@ -273,8 +281,14 @@ def run_request(cluster: Cluster, rid: str, nodes: list[str], opts: Options, pee
     ready, skipped = eng.isolate(nodes)
     for n, why in skipped.items():
         g = cont[n].group if n in cont else ""
-        eng.rec.result(rid, cluster.name, Result(n, g, "+".join(opts.checks), "initial", "Skipped", time.time(), time.time(), [why]))
-        cluster.store.event(cluster.name, "Instance", "Warning", f"Deep health check {rid} skipped {n}: {why}", g, node=n)
+        eng.rec.result(
+            rid,
+            cluster.name,
+            Result(n, g, "+".join(opts.checks), "initial", "Skipped", time.time(), time.time(), [why]),
+        )
+        cluster.store.event(
+            cluster.name, "Instance", "Warning", f"Deep health check {rid} skipped {n}: {why}", g, node=n
+        )
         verdicts[n] = Outcome("Skipped", why)
     runs = [NodeRun(n, cont[n].group, cat[cont[n].itype]) for n in ready]
     if runs:
@@ -297,7 +311,9 @@ def run_request(cluster: Cluster, rid: str, nodes: list[str], opts: Options, pee
     return verdicts
 
 
-def run_and_record(cluster: Cluster, rid: str, nodes: list[str], opts: Options, peers: list[str] = ()) -> dict[str, Outcome]:
+def run_and_record(
+    cluster: Cluster, rid: str, nodes: list[str], opts: Options, peers: list[str] = ()
+) -> dict[str, Outcome]:
     """Run a recorded request to its end and record the outcome (Completed with the
     verdicts, or Failed with why; its check containers are removed either way). The
     detached worker and the agent's on-start checks both end here."""
@@ -305,7 +321,7 @@ def run_and_record(cluster: Cluster, rid: str, nodes: list[str], opts: Options, 
     rec.set_state(rid, "Running")
     try:
         verdicts = run_request(cluster, rid, nodes, opts, peers)
-    except BaseException as e:  # record why, clean up, hand the nodes back, and let the caller see it
+    except BaseException as e:  # noqa: BLE001 - record why, clean up, hand the nodes back, and let the caller see it
         rec.set_state(rid, "Failed", f"{type(e).__name__}: {e}", ended=True)
         sidecar.remove_all(cluster, rid)
         hand_back(cluster, rid, nodes, opts.on_start)
@@ -329,7 +345,9 @@ def hand_back(cluster: Cluster, rid: str, nodes: list[str], on_start: bool) -> N
     it still holds: on-demand ones are resumed; on-start ones are drained again with
     the on-start reason, still unchecked, so that they take no job."""
     try:
-        held = [n.name for n in cluster.slurm.nodes() if n.name in nodes and n.drained and is_health_reason(n.reason, rid)]
+        held = [
+            n.name for n in cluster.slurm.nodes() if n.name in nodes and n.drained and is_health_reason(n.reason, rid)
+        ]
         if on_start:
             cluster.slurm.drain(held, ONSTART_REASON)
         else:
@@ -358,7 +376,7 @@ def recover(eng: Engine, failed: list[NodeRun], anchor: list[NodeRun], verdicts:
         if not failed:
             break
 
-        def act(r: NodeRun) -> bool:
+        def act(r: NodeRun, action: str = action, fn=fn) -> bool:
             check, why = next(iter(r.failed.items()))
             # the node comes back drained with the check's reason: it takes no job
             # before it has passed the check again
@@ -369,7 +387,7 @@ def recover(eng: Engine, failed: list[NodeRun], anchor: list[NodeRun], verdicts:
                 r.failed = {check: f"{why}; {action} unavailable: {str(e)[:100]}"}
                 return False
 
-        back = [r for r, ok in zip(failed, parallel(act, failed)) if ok]
+        back = [r for r, ok in zip(failed, parallel(act, failed), strict=True) if ok]
         if not back:
             continue
         for r in back:
@@ -377,7 +395,7 @@ def recover(eng: Engine, failed: list[NodeRun], anchor: list[NodeRun], verdicts:
         again = Engine(c, eng.rid, eng.opts, attempt=f"after-{action}")
         fresh = [NodeRun(r.node, r.group, r.itype) for r in back]
         again.check(fresh, anchor)
-        for r, f in zip(back, fresh):
+        for r, f in zip(back, fresh, strict=True):
             if f.error:
                 verdicts[r.node] = Outcome("Error", f.error)
             elif f.failed:

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 
 from .verdict import ParseError, Verdict, json_object, num, obj, verdict
 
-
 # --------------------------------------------------------------------------
 # iperf3
 # --------------------------------------------------------------------------

@@ -33,8 +33,10 @@ def grant_problems(itype: InstanceType, lim: Limits, cpus_used: float | None) ->
     g = lim.granted_cpus
     if g is not None and g < MIN_GRANT_SHARE * itype.cpu_limit:
         used = f"; the stressors used {cpus_used:.3f} CPUs, all of it" if cpus_used is not None else ""
-        out.append(f"CPU quota is {g:.3g} CPUs, below the {itype.cpu_limit:g} of {itype.name}{used}: "
-                   "throttled by the node's own cgroup quota")
+        out.append(
+            f"CPU quota is {g:.3g} CPUs, below the {itype.cpu_limit:g} of {itype.name}{used}: "
+            "throttled by the node's own cgroup quota"
+        )
     m = lim.memory_mib
     if m is not None and m < MIN_GRANT_SHARE * itype.memory_mib:
         out.append(f"memory limit is {m:.0f} MiB, below the {itype.memory_mib} MiB of {itype.name}")

@@ -74,8 +74,9 @@ def claim(snode: SlurmNode | None, on_start: bool = False) -> Claim:
     if snode.drained:
         if is_health_reason(snode.reason):  # hp's own check (this or an earlier one): check again
             return Claim(True)
-        return Claim(False, f"already drained by someone else (reason: {snode.reason or 'none'}); "
-                            "hp leaves it as it is")
+        return Claim(
+            False, f"already drained by someone else (reason: {snode.reason or 'none'}); hp leaves it as it is"
+        )
     if snode.not_responding:
         return Claim(False, f"Slurm reports it {snode.display}")
     return Claim(True)

@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 
 from .verdict import Verdict, num, verdict
 
-
 # --------------------------------------------------------------------------
 # MPI allreduce check (healthchecks/cpu/mpi_allreduce.c)
 # --------------------------------------------------------------------------
@@ -38,9 +37,7 @@ class MpiResult:
         return sorted({ln.host for ln in self.lines})
 
 
-_MPI_LINE = re.compile(
-    r"HP-MPI rank=(\d+) size=(\d+) host=(\S+) sum=(\S+) expected=(\S+) ok=([01])\b"
-)
+_MPI_LINE = re.compile(r"HP-MPI rank=(\d+) size=(\d+) host=(\S+) sum=(\S+) expected=(\S+) ok=([01])\b")
 
 
 def parse_mpi_allreduce(text: str) -> MpiResult:
@@ -100,22 +97,16 @@ def judge_mpi_allreduce(
         if len(sizes) > 1:
             reasons.append(f"ranks disagree on the communicator size: {sizes}")
         elif sizes[0] != size:
-            reasons.append(
-                f"communicator size {sizes[0]} differs from the expected {size}"
-            )
+            reasons.append(f"communicator size {sizes[0]} differs from the expected {size}")
         by_rank: dict[int, list[str]] = {}
         for ln in result.lines:
             by_rank.setdefault(ln.rank, []).append(ln.host)
         for rank, hosts in sorted(by_rank.items()):
             if len(hosts) > 1:
-                reasons.append(
-                    f"rank {rank} reported {len(hosts)} times (hosts {', '.join(hosts)})"
-                )
+                reasons.append(f"rank {rank} reported {len(hosts)} times (hosts {', '.join(hosts)})")
         missing = [r for r in range(size) if r not in by_rank]
         if missing:
-            shown = ", ".join(map(str, missing[:16])) + (
-                " ..." if len(missing) > 16 else ""
-            )
+            shown = ", ".join(map(str, missing[:16])) + (" ..." if len(missing) > 16 else "")
             reasons.append(
                 f"{len(missing)} of {size} ranks printed nothing: {shown}; "
                 f"hosts that did report: {', '.join(result.hosts)}"
@@ -123,16 +114,10 @@ def judge_mpi_allreduce(
     figures["ranks_missing"] = float(len(missing))
 
     # Recheck the sum against the size the rank saw, not only the rank's own "ok".
-    bad = [
-        ln
-        for ln in result.lines
-        if not ln.ok or ln.sum != ln.expected or ln.sum != ln.size * (ln.size + 1) / 2
-    ]
+    bad = [ln for ln in result.lines if not ln.ok or ln.sum != ln.expected or ln.sum != ln.size * (ln.size + 1) / 2]
     figures["ranks_wrong"] = float(len(bad))
     for ln in bad[:8]:
-        reasons.append(
-            f"wrong allreduce sum on {ln.host} (rank {ln.rank}): got {ln.sum:g}, expected {ln.expected:g}"
-        )
+        reasons.append(f"wrong allreduce sum on {ln.host} (rank {ln.rank}): got {ln.sum:g}, expected {ln.expected:g}")
     if len(bad) > 8:
         reasons.append(f"... and {len(bad) - 8} more ranks with a wrong sum")
 
@@ -148,10 +133,31 @@ BINARY = "/usr/local/bin/mpi_allreduce"
 
 def mpirun(hosts: list[str], rsh_agent: str, program: list[str], tcp: bool = True) -> list[str]:
     """An Open MPI launch of one rank per host, ranks started over ssh (`rsh_agent`)."""
-    argv = ["mpirun", "--allow-run-as-root", "-np", str(len(hosts)), "--map-by", "node",
-            "--host", ",".join(f"{h}:1" for h in hosts), "--mca", "plm_rsh_agent", rsh_agent]
+    argv = [
+        "mpirun",
+        "--allow-run-as-root",
+        "-np",
+        str(len(hosts)),
+        "--map-by",
+        "node",
+        "--host",
+        ",".join(f"{h}:1" for h in hosts),
+        "--mca",
+        "plm_rsh_agent",
+        rsh_agent,
+    ]
     if tcp:
-        argv += ["--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "eth0", "--mca", "oob_tcp_if_include", "eth0"]
+        argv += [
+            "--mca",
+            "btl",
+            "tcp,self",
+            "--mca",
+            "btl_tcp_if_include",
+            "eth0",
+            "--mca",
+            "oob_tcp_if_include",
+            "eth0",
+        ]
     return argv + program
 
 

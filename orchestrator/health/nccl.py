@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 
 from .verdict import ParseError, Verdict, num, verdict
 
-
 # --------------------------------------------------------------------------
 # nccl-tests
 # --------------------------------------------------------------------------
@@ -64,9 +63,7 @@ class NcclResult:
     errors: list[str] = field(default_factory=list)
 
 
-_NCCL_RANK = re.compile(
-    r"^#\s*Rank\s+(\d+)\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+(\S+)\s+device"
-)
+_NCCL_RANK = re.compile(r"^#\s*Rank\s+(\d+)\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+(\S+)\s+device")
 _NCCL_OOB = re.compile(r"^#\s*Out of bounds values\s*:\s*(\d+)")
 _NCCL_AVG = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*(\S+)\s*(OK|FAILED)?")
 _NCCL_PARAM = re.compile(
@@ -94,11 +91,7 @@ def parse_nccl_tests(text: str) -> NcclResult:
         line = raw.strip()
         if not line:
             continue
-        if (
-            "Test NCCL failure" in line
-            or "Test CUDA failure" in line
-            or "Test failure" in line
-        ):
+        if "Test NCCL failure" in line or "Test CUDA failure" in line or "Test failure" in line:
             res.errors.append(line)
             continue
         if line.startswith("#"):
@@ -113,9 +106,7 @@ def parse_nccl_tests(text: str) -> NcclResult:
                 res.concluded = True
             elif body.startswith("nThread"):
                 seen_header = True
-                res.params = {
-                    k.replace(" ", "_"): float(v) for k, v in _NCCL_PARAM.findall(body)
-                }
+                res.params = {k.replace(" ", "_"): float(v) for k, v in _NCCL_PARAM.findall(body)}
             elif body.startswith("error:"):
                 res.errors.append(body)
             elif "i_min" in body:
@@ -207,9 +198,7 @@ def judge_nccl(
     else:
         figures["out_of_bounds"] = float(result.out_of_bounds)
         if result.out_of_bounds > 0:
-            reasons.append(
-                f"nccl-tests reported {result.out_of_bounds} out-of-bounds values"
-            )
+            reasons.append(f"nccl-tests reported {result.out_of_bounds} out-of-bounds values")
     if result.avg_busbw is not None:
         figures["tool_avg_busbw_gbps"] = result.avg_busbw
     if result.avg_busbw_status == "FAILED":
@@ -220,9 +209,7 @@ def judge_nccl(
     in_range = [r for r in result.rows if min_bytes <= r.size_bytes <= max_bytes]
     figures["rows_in_range"] = float(len(in_range))
     if not in_range:
-        reasons.append(
-            f"no result rows with size between {min_bytes} and {max_bytes} bytes"
-        )
+        reasons.append(f"no result rows with size between {min_bytes} and {max_bytes} bytes")
     else:
         avg = sum(r.oop_busbw + r.ip_busbw for r in in_range) / (2 * len(in_range))
         figures["avg_busbw_gbps"] = avg

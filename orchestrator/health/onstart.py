@@ -13,6 +13,7 @@ any other reason meanwhile is left as it is.
 One request per cluster at a time: while another (e.g. an on-demand one) is active this
 raises ClusterBusy and checks nothing; the agent retries the batch a few seconds later.
 """
+
 from __future__ import annotations
 
 import os
@@ -60,16 +61,26 @@ def check_new_nodes(cluster: Cluster, nodes: list[str], opts: Options | None = N
         from .service import reap_dead
 
         if (act := rec.active(cluster.name)) is not None:
-            reap_dead(rec, act)
+            reap_dead(cluster.env, rec, act)
         rid = rec.new_request(cluster.name, checks, [group], ns, {"on_start": True})
         if rid is None:
             act = rec.active(cluster.name)
-            raise ClusterBusy(f"cluster {cluster.name} already has an active health check "
-                              f"{act.id if act else ''}; on-start checks of {', '.join(ns)} wait for it")
+            raise ClusterBusy(
+                f"cluster {cluster.name} already has an active health check "
+                f"{act.id if act else ''}; on-start checks of {', '.join(ns)} wait for it"
+            )
         rec.set_pid(rid, os.getpid())  # if this process dies mid-check, status reports the request Failed
-        cluster.store.event(cluster.name, "Cluster", "Info", f"Deep health check {rid} (on start) of "
-                            f"{', '.join(ns)} in group {group}: {', '.join(checks)}", group)
-        o = Options(checks=checks, on_start=True) if opts is None else Options(**{**opts.__dict__, "checks": checks,
-                                                                                     "on_start": True})
+        cluster.store.event(
+            cluster.name,
+            "Cluster",
+            "Info",
+            f"Deep health check {rid} (on start) of {', '.join(ns)} in group {group}: {', '.join(checks)}",
+            group,
+        )
+        o = (
+            Options(checks=checks, on_start=True)
+            if opts is None
+            else Options(**{**opts.__dict__, "checks": checks, "on_start": True})
+        )
         verdicts.update(run_and_record(cluster, rid, ns, o, peers))
     return verdicts

@@ -1,4 +1,5 @@
 """Health-check requests and results in hp's SQLite database (tables made on first use)."""
+
 from __future__ import annotations
 
 import json
@@ -56,10 +57,18 @@ class Result:
     output: str = ""
 
     def as_dict(self) -> dict[str, Any]:
-        return {"Node": self.node, "InstanceGroupName": self.group, "Check": self.check, "Attempt": self.attempt,
-                "State": self.state, "StartTime": iso(self.started) if self.started else None,
-                "EndTime": iso(self.ended) if self.ended else None, "Reasons": self.reasons,
-                "Figures": self.figures, "Output": self.output or None}
+        return {
+            "Node": self.node,
+            "InstanceGroupName": self.group,
+            "Check": self.check,
+            "Attempt": self.attempt,
+            "State": self.state,
+            "StartTime": iso(self.started) if self.started else None,
+            "EndTime": iso(self.ended) if self.ended else None,
+            "Reasons": self.reasons,
+            "Figures": self.figures,
+            "Output": self.output or None,
+        }
 
 
 class Records:
@@ -67,16 +76,28 @@ class Records:
         self.s = store
         store.executescript(SCHEMA)
 
-    def new_request(self, cluster: str, checks: list[str], groups: list[str], nodes: list[str],
-                    options: dict[str, Any]) -> str | None:
+    def new_request(
+        self, cluster: str, checks: list[str], groups: list[str], nodes: list[str], options: dict[str, Any]
+    ) -> str | None:
         """Record a request; None if the cluster already has an active one (one statement,
         so two racing CLIs can't both get in)."""
         rid = "hc-" + secrets.token_hex(4)
         self.s.execute(
             "INSERT INTO health_requests (id, cluster, state, checks, groups_, nodes, options, created) "
             "SELECT ?,?,?,?,?,?,?,? WHERE NOT EXISTS (SELECT 1 FROM health_requests WHERE cluster=? AND state IN (?,?))",
-            (rid, cluster, "Pending", json.dumps(checks), json.dumps(groups), json.dumps(nodes), json.dumps(options),
-             self.s.clock(), cluster, *ACTIVE))
+            (
+                rid,
+                cluster,
+                "Pending",
+                json.dumps(checks),
+                json.dumps(groups),
+                json.dumps(nodes),
+                json.dumps(options),
+                self.s.clock(),
+                cluster,
+                *ACTIVE,
+            ),
+        )
         return rid if self.request(rid) else None
 
     def forget(self, cluster: str) -> None:
@@ -85,21 +106,29 @@ class Records:
         self.s.execute("DELETE FROM health_requests WHERE cluster=?", (cluster,))
 
     def request(self, rid: str) -> Request | None:
-        rows = self.s.execute("SELECT id, cluster, state, checks, groups_, nodes, options, pid, created, ended, message "
-                              "FROM health_requests WHERE id=?", (rid,))
+        rows = self.s.execute(
+            "SELECT id, cluster, state, checks, groups_, nodes, options, pid, created, ended, message "
+            "FROM health_requests WHERE id=?",
+            (rid,),
+        )
         return _req(rows[0]) if rows else None
 
     def requests(self, cluster: str) -> list[Request]:
-        rows = self.s.execute("SELECT id, cluster, state, checks, groups_, nodes, options, pid, created, ended, message "
-                              "FROM health_requests WHERE cluster=? ORDER BY created", (cluster,))
+        rows = self.s.execute(
+            "SELECT id, cluster, state, checks, groups_, nodes, options, pid, created, ended, message "
+            "FROM health_requests WHERE cluster=? ORDER BY created",
+            (cluster,),
+        )
         return [_req(r) for r in rows]
 
     def active(self, cluster: str) -> Request | None:
         return next((r for r in self.requests(cluster) if r.state in ACTIVE), None)
 
     def set_state(self, rid: str, state: str, message: str = "", ended: bool = False) -> None:
-        self.s.execute("UPDATE health_requests SET state=?, message=?, ended=? WHERE id=?",
-                       (state, message, self.s.clock() if ended else None, rid))
+        self.s.execute(
+            "UPDATE health_requests SET state=?, message=?, ended=? WHERE id=?",
+            (state, message, self.s.clock() if ended else None, rid),
+        )
 
     def set_verdicts(self, rid: str, verdicts: dict[str, str], results: dict[str, str]) -> None:
         """Keep node -> final verdict (words) and result (Passed, Failed, Skipped, Error)
@@ -113,20 +142,41 @@ class Records:
 
     def result(self, rid: str, cluster: str, r: Result) -> int:
         # RETURNING, not a later SELECT MAX(id): checks of several nodes insert concurrently
-        rows = self.s.execute("INSERT INTO health_results (request, cluster, node, grp, check_name, attempt, state, "
-                              "started, ended, reasons, figures, output) VALUES (?,?,?,?,?,?,?,?,?,?,?,?) RETURNING id",
-                              (rid, cluster, r.node, r.group, r.check, r.attempt, r.state, r.started, r.ended,
-                               json.dumps(r.reasons), json.dumps(r.figures), r.output))
+        rows = self.s.execute(
+            "INSERT INTO health_results (request, cluster, node, grp, check_name, attempt, state, "
+            "started, ended, reasons, figures, output) VALUES (?,?,?,?,?,?,?,?,?,?,?,?) RETURNING id",
+            (
+                rid,
+                cluster,
+                r.node,
+                r.group,
+                r.check,
+                r.attempt,
+                r.state,
+                r.started,
+                r.ended,
+                json.dumps(r.reasons),
+                json.dumps(r.figures),
+                r.output,
+            ),
+        )
         return int(rows[0][0])
 
     def update(self, row_id: int, r: Result) -> None:
-        self.s.execute("UPDATE health_results SET state=?, started=?, ended=?, reasons=?, figures=?, output=? WHERE id=?",
-                       (r.state, r.started, r.ended, json.dumps(r.reasons), json.dumps(r.figures), r.output, row_id))
+        self.s.execute(
+            "UPDATE health_results SET state=?, started=?, ended=?, reasons=?, figures=?, output=? WHERE id=?",
+            (r.state, r.started, r.ended, json.dumps(r.reasons), json.dumps(r.figures), r.output, row_id),
+        )
 
     def results(self, rid: str) -> list[Result]:
-        rows = self.s.execute("SELECT node, grp, check_name, attempt, state, started, ended, reasons, figures, output "
-                              "FROM health_results WHERE request=? ORDER BY id", (rid,))
-        return [Result(r[0], r[1], r[2], r[3], r[4], r[5], r[6], json.loads(r[7]), json.loads(r[8]), r[9]) for r in rows]
+        rows = self.s.execute(
+            "SELECT node, grp, check_name, attempt, state, started, ended, reasons, figures, output "
+            "FROM health_results WHERE request=? ORDER BY id",
+            (rid,),
+        )
+        return [
+            Result(r[0], r[1], r[2], r[3], r[4], r[5], r[6], json.loads(r[7]), json.loads(r[8]), r[9]) for r in rows
+        ]
 
 
 def output_dir(store: Store, cluster: str, rid: str) -> Path:
@@ -136,5 +186,16 @@ def output_dir(store: Store, cluster: str, rid: str) -> Path:
 
 
 def _req(r: tuple[Any, ...]) -> Request:
-    return Request(r[0], r[1], r[2], json.loads(r[3]), json.loads(r[4]), json.loads(r[5]), json.loads(r[6]),
-                   r[7], r[8], r[9], r[10])
+    return Request(
+        r[0],
+        r[1],
+        r[2],
+        json.loads(r[3]),
+        json.loads(r[4]),
+        json.loads(r[5]),
+        json.loads(r[6]),
+        r[7],
+        r[8],
+        r[9],
+        r[10],
+    )

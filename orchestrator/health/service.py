@@ -1,4 +1,5 @@
 """Start, follow and cancel health-check requests (what the CLI and on-start call)."""
+
 from __future__ import annotations
 
 import json
@@ -30,7 +31,9 @@ def option_problems(options: dict[str, Any]) -> list[str]:
         problems.append(f"--wait-idle-timeout must be >= 0, got {wit!r}")
     problems += StressOptions(options.get("stress_seconds", 3), options.get("vm_bytes", "64M")).problems()
     if options.get("dcgm_level", 2) not in DCGM_LEVELS:
-        problems.append(f"--dcgm-level must be one of {', '.join(map(str, DCGM_LEVELS))}, got {options.get('dcgm_level')!r}")
+        problems.append(
+            f"--dcgm-level must be one of {', '.join(map(str, DCGM_LEVELS))}, got {options.get('dcgm_level')!r}"
+        )
     rw = options.get("recovery_wait", 90)
     if not isinstance(rw, (int, float)) or rw <= 0:
         problems.append(f"--recovery-wait must be > 0, got {rw!r}")
@@ -42,24 +45,42 @@ def plan(cluster: Cluster, groups: list[str], nodes: list[str], checks: list[str
     problems = validate_checks(checks)
     spec = cluster.spec
     compute = {g.InstanceGroupName for g in spec.InstanceGroups if g.node_type == "Compute"}
-    problems += [f"{g!r} is not a compute instance group of {cluster.name} (groups: {', '.join(sorted(compute))})"
-                 for g in groups if g not in compute]
+    problems += [
+        f"{g!r} is not a compute instance group of {cluster.name} (groups: {', '.join(sorted(compute))})"
+        for g in groups
+        if g not in compute
+    ]
     workers = {n: c for n, c in cluster.node_containers().items() if c.role == "worker"}
-    problems += [f"{n!r} is not a worker node of {cluster.name} (nodes: {', '.join(sorted(workers))})"
-                 for n in nodes if n not in workers]
+    problems += [
+        f"{n!r} is not a worker node of {cluster.name} (nodes: {', '.join(sorted(workers))})"
+        for n in nodes
+        if n not in workers
+    ]
     if problems:
         raise BadInput(problems, "invalid health-check request")
-    chosen = list(dict.fromkeys(nodes)) if nodes else sorted(
-        n for n, c in workers.items() if not groups or c.group in groups)
+    chosen = (
+        list(dict.fromkeys(nodes))
+        if nodes
+        else sorted(n for n, c in workers.items() if not groups or c.group in groups)
+    )
     if not chosen:
         raise BadInput("no worker node to check", "invalid health-check request")
     if "InstanceConnectivity" in checks and len(chosen) < 2:
-        raise BadInput(f"InstanceConnectivity needs at least 2 nodes, {len(chosen)} chosen", "invalid health-check request")
+        raise BadInput(
+            f"InstanceConnectivity needs at least 2 nodes, {len(chosen)} chosen", "invalid health-check request"
+        )
     return chosen, sorted({workers[n].group for n in chosen})
 
 
-def start(env: Env, name: str, groups: list[str], nodes: list[str], checks: list[str],
-          options: dict[str, Any], detach: bool = True) -> str:
+def start(
+    env: Env,
+    name: str,
+    groups: list[str],
+    nodes: list[str],
+    checks: list[str],
+    options: dict[str, Any],
+    detach: bool = True,
+) -> str:
     if problems := option_problems(options):
         raise BadInput(problems, "invalid health-check request")
     cluster = env.cluster(name)
@@ -67,18 +88,28 @@ def start(env: Env, name: str, groups: list[str], nodes: list[str], checks: list
     chosen, gs = plan(cluster, groups, nodes, checks)
     rec = Records(env.store)
     if (act := rec.active(name)) is not None:
-        reap_dead(rec, act)  # its worker died: it no longer blocks this one
+        reap_dead(env, rec, act)  # its worker died: it no longer blocks this one
     rid = rec.new_request(name, checks, gs, chosen, options)
     if rid is None:
         act = rec.active(name)
-        raise OperationFailed(f"cluster {name!r} already has an active health check {act.id if act else ''} "
-                              f"({act.state if act else ''}); wait for it or 'hp health-check cancel {name}'")
-    env.store.event(name, "Cluster", "Info", f"Deep health check {rid} requested: {', '.join(checks)} on "
-                    f"{len(chosen)} node(s) of {', '.join(gs)}")
+        raise OperationFailed(
+            f"cluster {name!r} already has an active health check {act.id if act else ''} "
+            f"({act.state if act else ''}); wait for it or 'hp health-check cancel {name}'"
+        )
+    env.store.event(
+        name,
+        "Cluster",
+        "Info",
+        f"Deep health check {rid} requested: {', '.join(checks)} on {len(chosen)} node(s) of {', '.join(gs)}",
+    )
     if detach:
-        proc = subprocess.Popen([sys.executable, "-m", "orchestrator.health.worker", name, rid],
-                                start_new_session=True, stdin=subprocess.DEVNULL,
-                                stdout=open(rec_log(env, name, rid), "ab"), stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator.health.worker", name, rid],
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=open(rec_log(env, name, rid), "ab"),
+            stderr=subprocess.STDOUT,
+        )
         rec.set_pid(rid, proc.pid)
     return rid
 
@@ -103,7 +134,7 @@ def alive(pid: int | None) -> bool:
         return True
 
 
-def reap_dead(rec: Records, r: Request) -> Request:
+def reap_dead(env: Env, rec: Records, r: Request) -> Request:
     """A request whose worker died without finishing is Failed (said so, once), and the
     nodes it held are handed back (as run_and_record would have)."""
     if r.state in ("Pending", "Running") and r.pid and not alive(r.pid):
@@ -111,15 +142,11 @@ def reap_dead(rec: Records, r: Request) -> Request:
         from .engine import hand_back
 
         try:
-            hand_back(Cluster(_env_of(rec), r.cluster), r.id, r.nodes, bool(r.options.get("on_start")))
+            hand_back(Cluster(env, r.cluster), r.id, r.nodes, bool(r.options.get("on_start")))
         except NotFound:
             pass  # the cluster is gone
         return rec.request(r.id) or r
     return r
-
-
-def _env_of(rec: Records) -> Env:
-    return Env(store=rec.s)
 
 
 def status(env: Env, name: str, rid: str | None = None) -> dict[str, Any]:
@@ -132,27 +159,42 @@ def status(env: Env, name: str, rid: str | None = None) -> dict[str, Any]:
             raise NotFound(f"cluster {name!r} has no health check {rid!r}")
     if not reqs:
         return {"ClusterName": name, "Request": None}
-    r = reap_dead(rec, reqs[-1])
+    r = reap_dead(env, rec, reqs[-1])
     results = rec.results(r.id)
     groups: dict[str, Any] = {}
     for x in results:
         g = groups.setdefault(x.group, {"InstanceGroupName": x.group, "Nodes": {}})
         g["Nodes"].setdefault(x.node, []).append(x.as_dict())
-    return {"ClusterName": name, "Request": {
-        "Id": r.id, "State": r.state, "Checks": r.checks, "Groups": r.groups, "Nodes": r.nodes,
-        "CreationTime": iso(r.created), "EndTime": iso(r.ended) if r.ended else None, "Message": r.message,
-        "Verdicts": r.options.get("verdicts", {}), "Results": r.options.get("results", {}),
-        "OnStart": bool(r.options.get("on_start")),
-        "InstanceGroups": [{"InstanceGroupName": g["InstanceGroupName"],
-                            "Nodes": [{"Node": n, "Checks": v} for n, v in sorted(g["Nodes"].items())]}
-                           for g in groups.values()]}}
+    return {
+        "ClusterName": name,
+        "Request": {
+            "Id": r.id,
+            "State": r.state,
+            "Checks": r.checks,
+            "Groups": r.groups,
+            "Nodes": r.nodes,
+            "CreationTime": iso(r.created),
+            "EndTime": iso(r.ended) if r.ended else None,
+            "Message": r.message,
+            "Verdicts": r.options.get("verdicts", {}),
+            "Results": r.options.get("results", {}),
+            "OnStart": bool(r.options.get("on_start")),
+            "InstanceGroups": [
+                {
+                    "InstanceGroupName": g["InstanceGroupName"],
+                    "Nodes": [{"Node": n, "Checks": v} for n, v in sorted(g["Nodes"].items())],
+                }
+                for g in groups.values()
+            ],
+        },
+    }
 
 
 def wait(env: Env, name: str, rid: str, timeout: float) -> dict[str, Any]:
     rec = Records(env.store)
     deadline = time.monotonic() + timeout
     while True:
-        r = reap_dead(rec, rec.request(rid))
+        r = reap_dead(env, rec, rec.request(rid))
         if r.state not in ("Pending", "Running"):
             return status(env, name, rid)
         if time.monotonic() > deadline:
@@ -168,8 +210,11 @@ def cancel(env: Env, name: str) -> str:
     if r is None:
         raise NotFound(f"cluster {name!r} has no active health check")
     if r.options.get("on_start"):
-        raise BadInput(f"{r.id} checks new nodes of cluster {name!r} before they take jobs (on-start checks, run by "
-                       "the cluster's agent): it cannot be cancelled; it ends by itself", "cannot cancel")
+        raise BadInput(
+            f"{r.id} checks new nodes of cluster {name!r} before they take jobs (on-start checks, run by "
+            "the cluster's agent): it cannot be cancelled; it ends by itself",
+            "cannot cancel",
+        )
     if r.pid and alive(r.pid):
         try:
             os.killpg(r.pid, signal.SIGTERM)

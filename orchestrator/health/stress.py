@@ -45,8 +45,19 @@ def stress_command(opts: StressOptions, cpus: float | None) -> list[str]:
     stressor, verifying results; the wrapper prints its log, then its YAML metrics
     and exit status. Options were validated (StressOptions.problems) and go as argv."""
     n = max(1, math.ceil(cpus or 1))
-    return [WRAPPER, "--cpu", str(n), "--vm", "1", "--vm-bytes", opts.vm_bytes, "--verify", "--metrics-brief",
-            "--timeout", f"{int(opts.seconds)}s"]
+    return [
+        WRAPPER,
+        "--cpu",
+        str(n),
+        "--vm",
+        "1",
+        "--vm-bytes",
+        opts.vm_bytes,
+        "--verify",
+        "--metrics-brief",
+        "--timeout",
+        f"{int(opts.seconds)}s",
+    ]
 
 
 def split_output(out: str) -> tuple[str, str, int]:
@@ -146,9 +157,7 @@ class StressMetric:
 
     @property
     def per_wall_s(self) -> float:
-        return (
-            self.bogo_ops / self.wall_s if self.wall_s > 0 else self.reported_per_s_real
-        )
+        return self.bogo_ops / self.wall_s if self.wall_s > 0 else self.reported_per_s_real
 
     @property
     def per_cpu_s(self) -> float:
@@ -192,9 +201,7 @@ class StressResult:
 
 
 _SNG_LOG = re.compile(r"^stress-ng:\s*([\w-]+):\s*\[\d+\]\s?(.*)$")
-_SNG_SUMMARY = re.compile(
-    r"^(passed|failed|skipped|metrics untrustworthy):\s*(\d+)(?::\s*(.*))?$"
-)
+_SNG_SUMMARY = re.compile(r"^(passed|failed|skipped|metrics untrustworthy):\s*(\d+)(?::\s*(.*))?$")
 _SNG_NAMES = re.compile(r"([\w-]+) \(\d+\)")
 _SNG_SECTION = re.compile(r"^([A-Za-z][\w-]*):\s*$")
 _SNG_KV = re.compile(r"^\s*(?:-\s+)?([\w-]+):\s*(.*?)\s*$")
@@ -231,9 +238,7 @@ def _yaml_metric_items(yaml_text: str) -> tuple[list[dict[str, str]], str | None
     return items, version
 
 
-def _metric_from_yaml(
-    item: dict[str, str], instances: int | None
-) -> StressMetric | None:
+def _metric_from_yaml(item: dict[str, str], instances: int | None) -> StressMetric | None:
     name = item.get("stressor")
     ops = num(item.get("bogo-ops"))
     if not name or ops is None:
@@ -282,9 +287,7 @@ def parse_stress_ng(yaml_text: str | None, log_text: str | None = None) -> Stres
             tok = msg.split()
             if len(tok) == 7 and all(num(t) is not None for t in tok[1:]):
                 ops, real, usr, sys_, per_real, per_cpu = (float(t) for t in tok[1:])
-                log_metrics.append(
-                    StressMetric(tok[0], ops, real, usr, sys_, per_real, per_cpu)
-                )
+                log_metrics.append(StressMetric(tok[0], ops, real, usr, sys_, per_real, per_cpu))
         elif msg.startswith("dispatching hogs:"):
             for part in msg.split(":", 1)[1].split(","):
                 bits = part.split()
@@ -308,9 +311,7 @@ def parse_stress_ng(yaml_text: str | None, log_text: str | None = None) -> Stres
             res.metrics[parsed.stressor] = parsed
     if not res.metrics:
         for metric in log_metrics:
-            res.metrics[metric.stressor] = replace(
-                metric, instances=res.instances.get(metric.stressor)
-            )
+            res.metrics[metric.stressor] = replace(metric, instances=res.instances.get(metric.stressor))
     return res
 
 
@@ -327,20 +328,11 @@ def explain_cpu_time(result: StressResult, granted_cpus: float | None = None) ->
     """
     used = sum(m.cpus_used for m in result.metrics.values())
     demand_known = all(m.instances for m in result.metrics.values())
-    demand = (
-        float(sum(m.instances or 0 for m in result.metrics.values()))
-        if demand_known
-        else None
-    )
+    demand = float(sum(m.instances or 0 for m in result.metrics.values())) if demand_known else None
     if demand and used >= 0.9 * demand:
         return f"it got the CPU time it asked for ({used:.2f} of {demand:g} CPUs): the CPU itself was slow"
-    if granted_cpus is not None and used >= 0.9 * min(
-        granted_cpus, demand or granted_cpus
-    ):
-        return (
-            f"it used its whole CPU grant ({used:.2f} of {granted_cpus:g} CPUs): "
-            "limited by the node's own CPU quota"
-        )
+    if granted_cpus is not None and used >= 0.9 * min(granted_cpus, demand or granted_cpus):
+        return f"it used its whole CPU grant ({used:.2f} of {granted_cpus:g} CPUs): limited by the node's own CPU quota"
     if granted_cpus is not None:
         return (
             f"it got only {used:.2f} of the {granted_cpus:g} CPUs granted to the node: "
@@ -377,14 +369,8 @@ def judge_stress(
     reasons: list[str] = []
     figures: dict[str, float] = {"exit_code": float(exit_code)}
     if exit_code != 0:
-        detail = (
-            f" ({result.other_lines[0][:200]})"
-            if exit_code == 1 and result.other_lines
-            else ""
-        )
-        reasons.append(
-            f"stress-ng exited {exit_code}: {stress_ng_exit_reason(exit_code)}{detail}"
-        )
+        detail = f" ({result.other_lines[0][:200]})" if exit_code == 1 and result.other_lines else ""
+        reasons.append(f"stress-ng exited {exit_code}: {stress_ng_exit_reason(exit_code)}{detail}")
     for line in result.fail_lines[:5]:
         reasons.append(f"stress-ng reported: {line}")
     if len(result.fail_lines) > 5:
@@ -392,9 +378,7 @@ def judge_stress(
     if result.failed:
         reasons.append(f"stressors failed: {', '.join(result.failed)}")
     if result.untrustworthy:
-        reasons.append(
-            f"stressor metrics untrustworthy: {', '.join(result.untrustworthy)}"
-        )
+        reasons.append(f"stressor metrics untrustworthy: {', '.join(result.untrustworthy)}")
     if not result.metrics:
         reasons.append("stress-ng produced no metrics")
     if granted_cpus is not None:
@@ -409,9 +393,7 @@ def judge_stress(
         if m.bogo_ops <= 0:
             reasons.append(f"stressor {name} did no work (0 bogo-ops)")
         elif m.wall_s <= 0:
-            reasons.append(
-                f"stressor {name} has no run time in its metrics: the figures are lost"
-            )
+            reasons.append(f"stressor {name} has no run time in its metrics: the figures are lost")
     for name, threshold in min_bogo_ops_per_s.items():
         figures[f"{name}.min_bogo_ops_per_s_{per}"] = float(threshold)
         got = result.metrics.get(name)

@@ -33,7 +33,7 @@ def main(name: str, rid: str) -> int:
     opts.checks = req.checks
     try:
         run_and_record(Cluster(env, name), rid, req.nodes, opts)
-    except BaseException:  # run_and_record recorded why; log it and end
+    except BaseException:  # noqa: BLE001 - run_and_record recorded why; log it and end
         traceback.print_exc()
         return 1
     return 0

@@ -82,8 +82,9 @@ def request_problems(cluster: Cluster, action: str, nodes: list[str], timeout: f
         o = owner(phase or None, since, now)
         to, done = (Phase.REBOOTING, "rebooted") if action == "reboot" else (Phase.REPLACING, "replaced")
         if not allowed(phase or None, to):
-            problems.append(f"{n} is {phase} (owned by {o.value}): it cannot be {done} now; try again when it "
-                            "is Running")
+            problems.append(
+                f"{n} is {phase} (owned by {o.value}): it cannot be {done} now; try again when it is Running"
+            )
     return problems
 
 
@@ -108,7 +109,7 @@ def reboot(cluster: Cluster, node: str, reason: str, wait: float = 60.0, keep_dr
                 pass  # the controller does not answer: the node registers anew
         else:
             _forget(cluster, t)
-        if t.container.running:
+        if t.container.state in ("running", "paused"):  # a restart also thaws a frozen one
             cluster.p.restart(t.container.id, timeout=2)
         else:
             cluster.p.start(t.container.id)
@@ -158,7 +159,11 @@ def replace(cluster: Cluster, node: str, reason: str, wait: float = 60.0, keep_d
     if ok:
         store.set_phase(name, node, Phase.RUNNING)
         _event(
-            cluster, t, "Info", f"was replaced by {new.node_id}: {reason} (up in {time.monotonic() - t0:.1f} s)", new.node_id
+            cluster,
+            t,
+            "Info",
+            f"was replaced by {new.node_id}: {reason} (up in {time.monotonic() - t0:.1f} s)",
+            new.node_id,
         )
     else:
         store.set_phase(name, node, Phase.LAUNCH_FAILED, f"replacement did not register within {wait:g} s: {reason}")
@@ -262,4 +267,3 @@ def _event(cluster: Cluster, t: Target, level: str, what: str, nid: str | None =
         nid or t.node_id,
         t.node,
     )
-

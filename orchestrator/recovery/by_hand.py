@@ -21,7 +21,7 @@ def run(env: Env, action: str, name: str, nodes: list[str], reason: str, timeout
     after = cluster.node_containers()
     return [
         {"SlurmNodeName": n, "Action": action, "Succeeded": ok, "NodeId": node_id(after[n].id) if n in after else None}
-        for n, ok in zip(wanted, results)
+        for n, ok in zip(wanted, results, strict=True)
     ]
 
 

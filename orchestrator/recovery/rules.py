@@ -18,7 +18,7 @@ LOST_AFTER_S = 15.0  # a running worker unknown to Slurm this long is lost (regi
 BACKOFF_S = (30.0, 60.0, 120.0, 300.0)  # after a failed recovery, before trying that node again
 
 # -- observed facts ------------------------------------------------------------------
-# Container: running | died (exited/dead) | starting (created/restarting/paused/removing) | missing
+# Container: running | died (exited/dead) | paused (frozen) | starting (created/restarting/removing) | missing
 # Slurm:     ok | absent (no record) | lost (no record for LOST_AFTER_S) | action_reboot | action_replace
 #            | admin_hold | not_responding   (SlurmNode.condition gives all but absent/lost)
 
@@ -37,6 +37,9 @@ RULES: tuple[tuple[tuple[str, str, str], tuple[str, bool]], ...] = (
     ((ANY, "starting", ANY), (NONE, False)),
     # The controller's state is on a named volume: restart it, never replace it.
     (("controller", "died", ANY), (REBOOT, True)),
+    (("controller", "paused", ANY), (REBOOT, True)),
+    # A frozen node (docker pause, a stuck cgroup freezer) answers nothing: reboot, then replace.
+    ((ANY, "paused", ANY), (RECOVER, True)),
     # A worker or login container died (killed, OOM, slurmd/sackd exited): reboot, then replace.
     ((ANY, "died", ANY), (RECOVER, True)),
     # The container runs but Slurm says slurmd stopped answering (DOWN / NOT_RESPONDING).
@@ -65,6 +68,8 @@ def container_condition(state: str | None) -> str:
         return "running"
     if state in ("exited", "dead"):
         return "died"
+    if state == "paused":
+        return "paused"
     return "starting"
 
 

@@ -11,15 +11,28 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from ..cluster.context import Cluster, Env
 from ..docker.views import Event
 from ..errors import TRANSIENT, EngineError, EngineUnavailable, report_bug
 from ..slurm.model import SlurmNode
 from . import actions
-from .rules import BACKOFF_S, LOST_AFTER_S, NONE, RECOVER, REBOOT, REPLACE, Seen, container_condition, decide
-from .rules import describe_fact, guard, slurm_condition
+from .rules import (
+    BACKOFF_S,
+    LOST_AFTER_S,
+    NONE,
+    REBOOT,
+    RECOVER,
+    REPLACE,
+    Seen,
+    container_condition,
+    decide,
+    describe_fact,
+    guard,
+    slurm_condition,
+)
 
 log = logging.getLogger("hp.watch")
 
@@ -179,7 +192,7 @@ class RecoveryWatcher:
         except TRANSIENT as e:  # report, back off, keep watching
             log.warning("%s of %s failed: %s", action, seen.node, e)
             ok = False
-        except Exception as e:  # a bug: reported; the node is backed off like a failure, never retried in a loop
+        except Exception as e:  # noqa: BLE001 - a bug: reported; the node is backed off like a failure, never retried in a loop
             report_bug(self.env.store, self.name, f"{action} of {seen.node}", e, log, node=seen.node)
             ok = False
         with self._lock:

@@ -44,10 +44,6 @@ def is_health_reason(reason: str, request: str | None = None) -> bool:
     return reason.startswith(f"{HEALTH_PREFIX}{request}:" if request else HEALTH_PREFIX)
 
 
-def is_hp_reason(reason: str) -> bool:
-    return reason.startswith((HEALTH_PREFIX, REMOVING_REASON, DELETING_REASON))
-
-
 @dataclass(frozen=True)
 class SlurmNode:
     name: str

@@ -1,4 +1,5 @@
 """The instance-type catalogue: what a node of a type gets and advertises."""
+
 from __future__ import annotations
 
 import os
@@ -38,7 +39,9 @@ def _parse(doc: object, source: str) -> dict[str, InstanceType]:
                 health={str(k): float(v) for k, v in (f.get("HealthThresholds") or {}).items()},
             )
         except (KeyError, TypeError, ValueError) as e:
-            problems.append(f"{source}: {name}: needs VCpus, CpuLimit, MemoryMiB (and optional Gpus, HealthThresholds): {e}")
+            problems.append(
+                f"{source}: {name}: needs VCpus, CpuLimit, MemoryMiB (and optional Gpus, HealthThresholds): {e}"
+            )
     if problems:
         raise BadInput(problems, "bad instance-type file")
     return out

@@ -3,6 +3,7 @@
 Validation collects every problem (with its path in the spec) before failing, as
 kind does: the user fixes a spec once, not once per error.
 """
+
 from __future__ import annotations
 
 import re
@@ -102,14 +103,30 @@ DEFAULT_SPEC: dict[str, Any] = {
     "ClusterName": "hp",
     "NodeRecovery": "Automatic",
     "InstanceGroups": [
-        {"InstanceGroupName": "controller", "InstanceType": "cpu.small", "InstanceCount": 1,
-         "SlurmConfig": {"NodeType": "Controller"}},
-        {"InstanceGroupName": "login", "InstanceType": "cpu.small", "InstanceCount": 1,
-         "SlurmConfig": {"NodeType": "Login"}},
-        {"InstanceGroupName": "cpu-a", "InstanceType": "cpu.small", "InstanceCount": 2,
-         "SlurmConfig": {"NodeType": "Compute", "PartitionNames": ["cpu-a"]}},
-        {"InstanceGroupName": "cpu-b", "InstanceType": "cpu.small", "InstanceCount": 2,
-         "SlurmConfig": {"NodeType": "Compute", "PartitionNames": ["cpu-b"]}},
+        {
+            "InstanceGroupName": "controller",
+            "InstanceType": "cpu.small",
+            "InstanceCount": 1,
+            "SlurmConfig": {"NodeType": "Controller"},
+        },
+        {
+            "InstanceGroupName": "login",
+            "InstanceType": "cpu.small",
+            "InstanceCount": 1,
+            "SlurmConfig": {"NodeType": "Login"},
+        },
+        {
+            "InstanceGroupName": "cpu-a",
+            "InstanceType": "cpu.small",
+            "InstanceCount": 2,
+            "SlurmConfig": {"NodeType": "Compute", "PartitionNames": ["cpu-a"]},
+        },
+        {
+            "InstanceGroupName": "cpu-b",
+            "InstanceType": "cpu.small",
+            "InstanceCount": 2,
+            "SlurmConfig": {"NodeType": "Compute", "PartitionNames": ["cpu-b"]},
+        },
     ],
 }
 
@@ -159,11 +176,15 @@ def _semantic_problems(raw: dict[str, Any], catalogue: dict[str, InstanceType]) 
             problems.append(p)
         elif isinstance(name, str):
             if name.lower() in seen:
-                problems.append(f"{path}.InstanceGroupName: {name!r} is already used by InstanceGroups[{seen[name.lower()]}]")
+                problems.append(
+                    f"{path}.InstanceGroupName: {name!r} is already used by InstanceGroups[{seen[name.lower()]}]"
+                )
             seen.setdefault(name.lower(), i)
         itype = g.get("InstanceType")
         if isinstance(itype, str) and itype not in catalogue:
-            problems.append(f"{path}.InstanceType: unknown instance type {itype!r} (known: {', '.join(sorted(catalogue))})")
+            problems.append(
+                f"{path}.InstanceType: unknown instance type {itype!r} (known: {', '.join(sorted(catalogue))})"
+            )
         sc = g.get("SlurmConfig")
         ntype = sc.get("NodeType") if isinstance(sc, dict) else None
         count = g.get("InstanceCount")
@@ -187,17 +208,25 @@ def _semantic_problems(raw: dict[str, Any], catalogue: dict[str, InstanceType]) 
                     if p := name_problem(f"{path}.SlurmConfig.PartitionNames[0]", pn):
                         problems.append(p)
                     elif pn == "dev":
-                        problems.append(f"{path}.SlurmConfig.PartitionNames[0]: 'dev' is the default partition every compute node is in; pick another name")
+                        problems.append(
+                            f"{path}.SlurmConfig.PartitionNames[0]: 'dev' is the default partition every compute node is in; pick another name"
+                        )
                     elif pn in partitions:
-                        problems.append(f"{path}.SlurmConfig.PartitionNames[0]: partition {pn!r} is already used by group {partitions[pn]!r}")
+                        problems.append(
+                            f"{path}.SlurmConfig.PartitionNames[0]: partition {pn!r} is already used by group {partitions[pn]!r}"
+                        )
                     else:
                         partitions[pn] = str(name)
             elif ntype in ("Controller", "Login") and parts:
                 problems.append(f"{path}.SlurmConfig.PartitionNames: only Compute groups have partitions")
     compute_total = sum(
-        g.get("InstanceCount") for g in groups
-        if isinstance(g, dict) and isinstance(g.get("InstanceCount"), int) and not isinstance(g.get("InstanceCount"), bool)
-        and isinstance(g.get("SlurmConfig"), dict) and g["SlurmConfig"].get("NodeType") == "Compute"
+        g.get("InstanceCount")
+        for g in groups
+        if isinstance(g, dict)
+        and isinstance(g.get("InstanceCount"), int)
+        and not isinstance(g.get("InstanceCount"), bool)
+        and isinstance(g.get("SlurmConfig"), dict)
+        and g["SlurmConfig"].get("NodeType") == "Compute"
     )
     mnc = raw.get("MaxNodeCount")
     if isinstance(mnc, int) and not isinstance(mnc, bool):
@@ -210,9 +239,13 @@ def _semantic_problems(raw: dict[str, Any], catalogue: dict[str, InstanceType]) 
             f"InstanceGroups: {compute_total} compute nodes are more than Slurm can hold ({SLURM_MAX_NODES} nodes)"
         )
     if counts["Controller"] != 1:
-        problems.append(f"InstanceGroups: exactly one group with SlurmConfig.NodeType Controller is required, found {counts['Controller']}")
+        problems.append(
+            f"InstanceGroups: exactly one group with SlurmConfig.NodeType Controller is required, found {counts['Controller']}"
+        )
     if counts["Login"] > 1:
-        problems.append(f"InstanceGroups: at most one group with SlurmConfig.NodeType Login is allowed, found {counts['Login']}")
+        problems.append(
+            f"InstanceGroups: at most one group with SlurmConfig.NodeType Login is allowed, found {counts['Login']}"
+        )
     return problems
 
 

@@ -19,9 +19,10 @@ import secrets
 import sqlite3
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from . import phases
 from .phases import Phase
@@ -204,7 +205,9 @@ class Store:
         return [_cluster(r) for r in self._x(f"SELECT {self._COLS} FROM clusters ORDER BY created")]
 
     def set_status(self, name: str, status: str, message: str = "") -> None:
-        self._x("UPDATE clusters SET status=?, message=?, updated=? WHERE name=?", (status, message, self.clock(), name))
+        self._x(
+            "UPDATE clusters SET status=?, message=?, updated=? WHERE name=?", (status, message, self.clock(), name)
+        )
 
     def update_spec(
         self,
@@ -240,7 +243,13 @@ class Store:
 
     # -- operations (scaling): what is under way per group ------------------------------
     def add_operation(
-        self, cluster: str, group: str, kind: str, target: int | None, previous: int | None, nodes: list[str] | None = None
+        self,
+        cluster: str,
+        group: str,
+        kind: str,
+        target: int | None,
+        previous: int | None,
+        nodes: list[str] | None = None,
     ) -> int:
         rows = self._x(
             "INSERT INTO operations (cluster, group_name, kind, target, previous, nodes, status, started)"
@@ -255,7 +264,7 @@ class Store:
             " WHERE cluster=?" + (" AND status='InProgress'" if active_only else "") + " ORDER BY id"
         )
         keys = ("id", "group", "kind", "target", "previous", "nodes", "status", "message", "started", "ended")
-        return [dict(zip(keys, r)) for r in self._x(sql, (cluster,))]
+        return [dict(zip(keys, r, strict=True)) for r in self._x(sql, (cluster,))]
 
     def end_operation(self, op_id: int, status: str, message: str = "") -> None:
         self._x("UPDATE operations SET status=?, message=?, ended=? WHERE id=?", (status, message, self.clock(), op_id))
@@ -327,7 +336,8 @@ class Store:
     @staticmethod
     def _latest_phase(db: sqlite3.Connection, cluster: str, node: str) -> tuple[str, str] | None:
         rows = db.execute(
-            "SELECT status, message FROM node_status WHERE cluster=? AND node=? ORDER BY id DESC LIMIT 1", (cluster, node)
+            "SELECT status, message FROM node_status WHERE cluster=? AND node=? ORDER BY id DESC LIMIT 1",
+            (cluster, node),
         ).fetchall()
         return (rows[0][0], rows[0][1]) if rows else None
 

@@ -1,5 +1,6 @@
 """hp in CI: the GitHub Action run as a runner runs it, `hp submit`, `hp logs` and
 `hp images save/load`, with real containers and real Slurm."""
+
 from __future__ import annotations
 
 import json
@@ -7,13 +8,13 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import jsonschema
 import pytest
 import yaml
-
 from conftest import ROOT, Hp, small_spec, write_spec
 
 SCHEMAS = ROOT / "schemas"
@@ -38,9 +39,17 @@ class Runner:
         self.tmp = tmp
         self.cache_store = cache_store
         (tmp / "runner").mkdir()
-        self.env = {**os.environ, "HP_HOME": str(hp_home), "NO_COLOR": "1", "RUNNER_TEMP": str(tmp / "runner"),
-                    "RUNNER_OS": "Linux", "RUNNER_ARCH": "X64", "GITHUB_ACTION_PATH": str(ROOT),
-                    "GITHUB_WORKSPACE": str(tmp), "CI": "true"}
+        self.env = {
+            **os.environ,
+            "HP_HOME": str(hp_home),
+            "NO_COLOR": "1",
+            "RUNNER_TEMP": str(tmp / "runner"),
+            "RUNNER_OS": "Linux",
+            "RUNNER_ARCH": "X64",
+            "GITHUB_ACTION_PATH": str(ROOT),
+            "GITHUB_WORKSPACE": str(tmp),
+            "CI": "true",
+        }
         self.env["PATH"] = f"{VENV_BIN}:{self.env['PATH']}"
         self.github = {"action_repository": "example/hp", "run_id": "42", "run_attempt": "1"}
         self.failed = False
@@ -97,7 +106,11 @@ class Runner:
         if uses == "./":  # the action under test
             action = yaml.safe_load((ROOT / "action.yml").read_text())
             inputs = {k: with_.get(k, str(v.get("default", ""))) for k, v in action["inputs"].items()}
-            inner: dict[str, Any] = {"inputs": inputs, "github": self.github, "runner": {"temp": self.env["RUNNER_TEMP"]}}
+            inner: dict[str, Any] = {
+                "inputs": inputs,
+                "github": self.github,
+                "runner": {"temp": self.env["RUNNER_TEMP"]},
+            }
             self.run_steps(action["runs"]["steps"], inner)
             for k, v in action["outputs"].items():
                 outputs[k] = self.sub(v["value"], inner)
@@ -122,10 +135,19 @@ class Runner:
             f.write_text("")
         script = self.tmp / f"step-{len(self.log)}.sh"
         script.write_text(self.sub(step["run"], ctx))
-        env = {**self.env, **{k: self.sub(str(v), ctx) for k, v in (step.get("env") or {}).items()},
-               **{k: str(v) for k, v in files.items()}}
-        r = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", str(script)], env=env,
-                           cwd=self.tmp, capture_output=True, text=True, timeout=600)
+        env = {
+            **self.env,
+            **{k: self.sub(str(v), ctx) for k, v in (step.get("env") or {}).items()},
+            **{k: str(v) for k, v in files.items()},
+        }
+        r = subprocess.run(
+            ["bash", "--noprofile", "--norc", "-eo", "pipefail", str(script)],
+            env=env,
+            cwd=self.tmp,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         self.log.append(f"--- {step.get('name')}: exit {r.returncode}\n{r.stdout}\n{r.stderr}")
         if r.returncode != 0:
             self.failed = True
@@ -218,8 +240,17 @@ def test_submit_exit_codes_and_logs(hp: Hp, tmp_path: Path) -> None:
     r = hp("logs", name, "--dir", str(out), "--json", check=True)
     doc = json.loads(r.stdout)
     check_schema("logs", doc)
-    for f in ("cluster.json", "events.json", "slurm.conf", "controller-1/slurmctld.log", "controller-1/container.log",
-              "cpu-1/slurmd.log", "cpu-1/scontrol-show-node.txt", "cpu-2/container.log", "login-1/container.log"):
+    for f in (
+        "cluster.json",
+        "events.json",
+        "slurm.conf",
+        "controller-1/slurmctld.log",
+        "controller-1/container.log",
+        "cpu-1/slurmd.log",
+        "cpu-1/scontrol-show-node.txt",
+        "cpu-2/container.log",
+        "login-1/container.log",
+    ):
         assert (out / f).is_file(), f
     assert "NodeName=cpu-1" in (out / "cpu-1" / "scontrol-show-node.txt").read_text()
     assert "SlurmctldHost=controller-1" in (out / "slurm.conf").read_text()

@@ -1,10 +1,11 @@
 """Issue 3: continuous provisioning, capacity, background retries, concurrent scaling."""
+
 from __future__ import annotations
 
 import io
 import json
-import re
 import os
+import re
 import signal
 import time
 import uuid
@@ -32,7 +33,9 @@ def types(hp, tmp_path):
     only this test's nodes (capacity is shared by every cluster on the host)."""
     tag = uuid.uuid4().hex[:6]
     f = tmp_path / "types.yaml"
-    f.write_text(f"ta{tag}: {{VCpus: 1, CpuLimit: 0.05, MemoryMiB: 256}}\ntb{tag}: {{VCpus: 2, CpuLimit: 0.05, MemoryMiB: 256}}\n")
+    f.write_text(
+        f"ta{tag}: {{VCpus: 1, CpuLimit: 0.05, MemoryMiB: 256}}\ntb{tag}: {{VCpus: 2, CpuLimit: 0.05, MemoryMiB: 256}}\n"
+    )
     hp.env["HP_INSTANCE_TYPES"] = str(f)
     hp.env["HP_RETRY_MAX"] = "3"
     return f"ta{tag}", f"tb{tag}"
@@ -62,20 +65,39 @@ def test_shortage_in_one_group_continuous(hp, tmp_path, types):
     # a job runs on A while B is short
     out = hp("exec", name, "--", "srun", "-p", "a", "-N2", "hostname", check=True).stdout.split()
     assert sorted(out) == ["a-1", "a-2"]
-    g = wait_until(lambda: (x := groups(hp, name)["b"])["CurrentCount"] == 1 and x["PendingCount"] == 2 and x,
-                   60, "group b: 1 running, 2 pending")
+    g = wait_until(
+        lambda: (x := groups(hp, name)["b"])["CurrentCount"] == 1 and x["PendingCount"] == 2 and x,
+        60,
+        "group b: 1 running, 2 pending",
+    )
     assert g["TargetCount"] == 3
     pending = [n for n in nodes(hp, name, "b") if n["InstanceStatus"]["Status"] == "Pending"]
     assert len(pending) == 2
     for n in pending:
         assert "InsufficientCapacity" in n["InstanceStatus"]["Message"] and tb in n["InstanceStatus"]["Message"]
     ev = hp.json("events", name)["Events"]
-    assert any(e["EventLevel"] in ("Warn", "Error") and "InsufficientCapacity" in e["Description"]
-               and e["InstanceGroupName"] == "b" for e in ev)
+    assert any(
+        e["EventLevel"] in ("Warn", "Error")
+        and "InsufficientCapacity" in e["Description"]
+        and e["InstanceGroupName"] == "b"
+        for e in ev
+    )
     # capacity comes back: B reaches 3 with no further hp command that touches the cluster
     hp("capacity", "set", tb, "--clear", check=True)
-    wait_until(lambda: len([s for s in DockerProvider().containers(name) if s.labels.get("io.hp.group") == "b"
-                            and s.state == "running"]) == 3, 60, "three b containers")
+    wait_until(
+        lambda: (
+            len(
+                [
+                    s
+                    for s in DockerProvider().containers(name)
+                    if s.labels.get("io.hp.group") == "b" and s.state == "running"
+                ]
+            )
+            == 3
+        ),
+        60,
+        "three b containers",
+    )
     wait_until(lambda: groups(hp, name)["b"]["CurrentCount"] == 3, 60, "group b at target")
     out = hp("exec", name, "--", "srun", "-p", "b", "-N3", "hostname", check=True).stdout.split()
     assert sorted(out) == ["b-1", "b-2", "b-3"]
@@ -107,7 +129,7 @@ def test_container_exiting_at_start_is_retried_until_fixed(hp, tmp_path, types):
     dockerfile = f'FROM {worker}\nENTRYPOINT ["sh", "-c", "echo slurmd cannot start >&2; exit 3"]\n'
     for _ in p.api.build(fileobj=io.BytesIO(dockerfile.encode()), tag=bad, rm=True):
         pass
-    assert p.image_exists(bad)
+    assert p.image_id(bad) is not None
     try:
         name = hp.name("ex")
         spec = small_spec(name, [("a", ta, 1)], login=False, NodeProvisioningMode="Continuous")
@@ -117,8 +139,15 @@ def test_container_exiting_at_start_is_retried_until_fixed(hp, tmp_path, types):
         def failed_twice():
             n = nodes(hp, name, "a")
             msg = n[0]["InstanceStatus"]["Message"] if n else ""
-            return n and n[0]["InstanceStatus"]["Status"] == "Pending" and "ContainerExited" in msg and "code 3" in msg \
-                and int(re.search(r"retry (\d+)", msg).group(1)) >= 2 and msg
+            return (
+                n
+                and n[0]["InstanceStatus"]["Status"] == "Pending"
+                and "ContainerExited" in msg
+                and "code 3" in msg
+                and int(re.search(r"retry (\d+)", msg).group(1)) >= 2
+                and msg
+            )
+
         msg = wait_until(failed_twice, 60, "a-1 pending after two failed starts")
         assert "slurmd cannot start" in msg
         # fix the cause: the image's name now points at a working worker image
@@ -137,11 +166,13 @@ def test_concurrent_scaling_one_group_short(hp, tmp_path, types):
     name = hp.name("sc")
     spec = small_spec(name, [("a", ta, 1), ("b", tb, 1)], login=False, NodeProvisioningMode="Continuous")
     hp("create", "-f", str(write_spec(tmp_path / "s.json", spec)), check=True)
-    wait_until(lambda: groups(hp, name)["b"]["CurrentCount"] == 1 and groups(hp, name)["a"]["CurrentCount"] == 1, 60, "initial")
+    wait_until(
+        lambda: groups(hp, name)["b"]["CurrentCount"] == 1 and groups(hp, name)["a"]["CurrentCount"] == 1, 60, "initial"
+    )
     hp("capacity", "set", tb, "1", check=True)
     t0 = time.monotonic()
-    r1 = hp("scale", name, "b", "3", check=True)  # waits on capacity
-    r2 = hp("add-nodes", name, "a", "3", check=True)  # must not wait for b
+    hp("scale", name, "b", "3", check=True)  # waits on capacity
+    hp("add-nodes", name, "a", "3", check=True)  # must not wait for b
     assert time.monotonic() - t0 < 10, "scale calls return at once"
     g = wait_until(lambda: (x := groups(hp, name))["a"]["CurrentCount"] == 4 and x, 60, "a reaches 4 while b is short")
     assert g["b"]["CurrentCount"] == 1 and g["b"]["TargetCount"] == 3 and g["b"]["PendingCount"] == 2
@@ -150,12 +181,16 @@ def test_concurrent_scaling_one_group_short(hp, tmp_path, types):
     wait_until(lambda: groups(hp, name)["b"]["CurrentCount"] == 3, 60, "b reaches 3")
     # scale down: removes idle nodes, drains first, deletes from Slurm before the container
     hp("scale", name, "a", "1", check=True)
-    wait_until(lambda: len(group_containers(name, "a")) == 1 and groups(hp, name)["a"]["CurrentCount"] == 1, 60, "a back to 1")
+    wait_until(
+        lambda: len(group_containers(name, "a")) == 1 and groups(hp, name)["a"]["CurrentCount"] == 1, 60, "a back to 1"
+    )
     sinfo = hp("exec", name, "--root", "--", "sinfo", "-h", "-N", "-o", "%N", check=True).stdout.split()
     assert sorted(set(sinfo)) == ["a-1", "b-1", "b-2", "b-3"], sinfo
     # delete chosen nodes
     hp("delete-nodes", name, "b-2", check=True)
-    wait_until(lambda: sorted(c.labels["io.hp.node"] for c in group_containers(name, "b")) == ["b-1", "b-3"], 60, "b-2 removed")
+    wait_until(
+        lambda: sorted(c.labels["io.hp.node"] for c in group_containers(name, "b")) == ["b-1", "b-3"], 60, "b-2 removed"
+    )
     assert groups(hp, name)["b"]["TargetCount"] == 2
     # bad input changes nothing
     r = hp("scale", name, "nosuch", "--", "-1")
@@ -176,8 +211,7 @@ def test_agent_sigkill_mid_scale_up(hp, tmp_path, types):
     pidf = hp.home / "clusters" / name / "agent.pid"
     pid = int(wait_until(lambda: pidf.exists() and pidf.read_text().strip(), 10, "agent started", poll=0.05))
     hp("scale", name, "a", "16", check=True)
-    wait_until(lambda: len(group_containers(name, "a")) >= 2, 30,
-               "scale-up under way", poll=0.05)
+    wait_until(lambda: len(group_containers(name, "a")) >= 2, 30, "scale-up under way", poll=0.05)
     os.kill(pid, signal.SIGKILL)
     time.sleep(0.5)
     hp("list", check=True)  # any hp command restarts the agent
@@ -195,8 +229,16 @@ def test_freed_capacity_is_taken_up(hp, tmp_path, types):
     hp("capacity", "set", ta, "2", check=True)
     x, y = hp.name("fx"), hp.name("fy")
     hp("create", "-f", str(write_spec(tmp_path / "x.json", small_spec(x, [("a", ta, 2)], login=False))), check=True)
-    hp("create", "-f", str(write_spec(tmp_path / "y.json", small_spec(y, [("a", ta, 2)], login=False,
-                                                                       NodeProvisioningMode="Continuous"))), check=True)
+    hp(
+        "create",
+        "-f",
+        str(
+            write_spec(
+                tmp_path / "y.json", small_spec(y, [("a", ta, 2)], login=False, NodeProvisioningMode="Continuous")
+            )
+        ),
+        check=True,
+    )
     wait_until(lambda: groups(hp, y)["a"]["PendingCount"] == 2, 30, "y waits for capacity")
     hp("delete", x, check=True)
     wait_until(lambda: groups(hp, y)["a"]["CurrentCount"] == 2, 60, "y takes the freed capacity")
@@ -208,9 +250,19 @@ def test_all_or_nothing_scale_rolls_back(hp, tmp_path, types):
     hp("create", "-f", str(write_spec(tmp_path / "s.json", small_spec(name, [("a", ta, 1)], login=False))), check=True)
     hp("capacity", "set", ta, "2", check=True)
     hp("scale", name, "a", "3", check=True)
-    wait_until(lambda: groups(hp, name)["a"]["TargetCount"] == 1 and not groups(hp, name)["a"]["ActiveOperations"],
-               60, "the scale-up rolled back to 1")
-    wait_until(lambda: len(group_containers(name, "a")) == 1 and groups(hp, name)["a"]["CurrentCount"] == 1, 60,
-               "one node left")
-    ev = [e for e in hp.json("events", name)["Events"] if e["ResourceType"] == "InstanceGroup" and e["EventLevel"] == "Error"]
+    wait_until(
+        lambda: groups(hp, name)["a"]["TargetCount"] == 1 and not groups(hp, name)["a"]["ActiveOperations"],
+        60,
+        "the scale-up rolled back to 1",
+    )
+    wait_until(
+        lambda: len(group_containers(name, "a")) == 1 and groups(hp, name)["a"]["CurrentCount"] == 1,
+        60,
+        "one node left",
+    )
+    ev = [
+        e
+        for e in hp.json("events", name)["Events"]
+        if e["ResourceType"] == "InstanceGroup" and e["EventLevel"] == "Error"
+    ]
     assert ev and "rolling back to 1" in ev[-1]["Description"] and "InsufficientCapacity" in ev[-1]["Description"]

@@ -1,4 +1,5 @@
 """Issue 2: the default cluster, jobs across its nodes, honest status, clean delete."""
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,12 @@ def test_default_cluster_end_to_end(hp, tmp_path):
     r = hp("create", "--name", name, "--json", check=True)
     doc = json.loads(r.stdout)
     assert doc["ClusterStatus"] == "InService"
-    assert {g["InstanceGroupName"]: g["CurrentCount"] for g in doc["InstanceGroups"]} == \
-        {"controller": 1, "login": 1, "cpu-a": 2, "cpu-b": 2}
+    assert {g["InstanceGroupName"]: g["CurrentCount"] for g in doc["InstanceGroups"]} == {
+        "controller": 1,
+        "login": 1,
+        "cpu-a": 2,
+        "cpu-b": 2,
+    }
 
     # srun across the four compute nodes from the login node
     r = hp("exec", name, "--", "srun", "-N4", "hostname", check=True)
@@ -27,7 +32,15 @@ def test_default_cluster_end_to_end(hp, tmp_path):
 
     # an sbatch --wait job in one group's partition, as the default user; output read on the login node
     script = "#!/bin/bash\n#SBATCH -p cpu-b -N2 -o job-%j.out\nsrun bash -c 'echo $(hostname) $(id -un)'\n"
-    r = hp("exec", name, "--", "bash", "-c", f"cat > job.sh <<'EOF'\n{script}EOF\nsbatch --parsable --wait job.sh", check=True)
+    r = hp(
+        "exec",
+        name,
+        "--",
+        "bash",
+        "-c",
+        f"cat > job.sh <<'EOF'\n{script}EOF\nsbatch --parsable --wait job.sh",
+        check=True,
+    )
     job = r.stdout.strip().splitlines()[-1]
     r = hp("exec", name, "--", "cat", f"job-{job}.out", check=True)
     lines = sorted(r.stdout.split("\n"))
@@ -43,11 +56,14 @@ def test_default_cluster_end_to_end(hp, tmp_path):
     workers = [n for n in nodes if n["NodeRole"] == "worker"]
     assert len(workers) == 4 and all(n["SlurmState"] == "idle" for n in workers), workers
     assert all(n["NodeId"].startswith("i-") and n["LaunchTime"] for n in nodes)
-    assert {n["SlurmNodeName"] for n in hp.json("nodes", name, "--group", "cpu-a")["ClusterNodeSummaries"]} == {"cpu-a-1", "cpu-a-2"}
+    assert {n["SlurmNodeName"] for n in hp.json("nodes", name, "--group", "cpu-a")["ClusterNodeSummaries"]} == {
+        "cpu-a-1",
+        "cpu-a-2",
+    }
     assert name in [c["ClusterName"] for c in hp.json("list")["ClusterSummaries"]]
 
     # the auth key never leaves hp's private state
-    key = (hp.home / "clusters" / name / "slurm.key")
+    key = hp.home / "clusters" / name / "slurm.key"
     assert oct(key.stat().st_mode & 0o777) == "0o600"
 
     # a second create with the same name fails clearly and touches nothing
@@ -59,21 +75,45 @@ def test_default_cluster_end_to_end(hp, tmp_path):
     r = hp("delete", name, check=True)
     assert leftovers(name) == ([], [], [])
     r = hp("delete", name)
-    assert r.returncode == 1 and "does not exist" in r.stderr
+    assert r.returncode == 2 and "does not exist" in r.stderr  # a name that is not a cluster: bad input
 
 
 def test_invalid_spec_creates_nothing(hp, tmp_path):
     name = hp.name("bad")
-    doc = {"ClusterName": name, "Unknown": 1, "InstanceGroups": [
-        {"InstanceGroupName": "l1", "InstanceType": "cpu.small", "InstanceCount": 1, "SlurmConfig": {"NodeType": "Login"}},
-        {"InstanceGroupName": "l2", "InstanceType": "cpu.small", "InstanceCount": 1, "SlurmConfig": {"NodeType": "Login"}},
-        {"InstanceGroupName": "bad_name", "InstanceType": "no.such", "InstanceCount": "x",
-         "SlurmConfig": {"NodeType": "Compute", "PartitionNames": ["p"]}},
-    ]}
+    doc = {
+        "ClusterName": name,
+        "Unknown": 1,
+        "InstanceGroups": [
+            {
+                "InstanceGroupName": "l1",
+                "InstanceType": "cpu.small",
+                "InstanceCount": 1,
+                "SlurmConfig": {"NodeType": "Login"},
+            },
+            {
+                "InstanceGroupName": "l2",
+                "InstanceType": "cpu.small",
+                "InstanceCount": 1,
+                "SlurmConfig": {"NodeType": "Login"},
+            },
+            {
+                "InstanceGroupName": "bad_name",
+                "InstanceType": "no.such",
+                "InstanceCount": "x",
+                "SlurmConfig": {"NodeType": "Compute", "PartitionNames": ["p"]},
+            },
+        ],
+    }
     r = hp("create", "-f", str(write_spec(tmp_path / "s.json", doc)))
     assert r.returncode == 2, r.stderr
-    for needle in ("Unknown: unknown key", "Controller is required", "at most one group", "no.such",
-                   "'bad_name' must match", "InstanceGroups[2].InstanceCount"):
+    for needle in (
+        "Unknown: unknown key",
+        "Controller is required",
+        "at most one group",
+        "no.such",
+        "'bad_name' must match",
+        "InstanceGroups[2].InstanceCount",
+    ):
         assert needle in r.stderr, (needle, r.stderr)
     assert "Traceback" not in r.stderr
     assert leftovers(name) == ([], [], [])
@@ -106,8 +146,9 @@ def test_no_docker_daemon_is_a_clear_message(hp):
     import subprocess
     import sys
 
-    r = subprocess.run([sys.executable, "-m", "orchestrator.cli", "create", "--name", "x"], env=env,
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "create", "--name", "x"], env=env, capture_output=True, text=True
+    )
     assert r.returncode == 1
     assert "cannot reach a Docker engine" in r.stderr and "dockerd" in r.stderr
     assert "Traceback" not in r.stderr

@@ -1,5 +1,6 @@
 """Deep health checks on real clusters, with real faults (docker update, network
 disconnect) and real Slurm jobs."""
+
 from __future__ import annotations
 
 import json
@@ -7,7 +8,6 @@ import subprocess
 import time
 
 import pytest
-
 from conftest import small_spec, write_spec
 
 STRESS = ["--stress-seconds", "2", "--vm-bytes", "64M"]
@@ -46,19 +46,28 @@ def results(req: dict) -> dict[str, list[dict]]:
 
 def test_healthy_group_passes_and_other_group_runs_undisturbed(hp, tmp_path):
     name = create(hp, tmp_path, [("cpu", "cpu.nano", 3), ("other", "cpu.nano", 1)])
-    job = hp("exec", name, "--", "sbatch", "--parsable", "-p", "other", "--wrap", "sleep 6; echo done-other",
-             check=True).stdout.strip()
+    job = hp(
+        "exec", name, "--", "sbatch", "--parsable", "-p", "other", "--wrap", "sleep 6; echo done-other", check=True
+    ).stdout.strip()
     hp("health-check", "start", name, "--group", "cpu", *STRESS, check=True)
+
     # while the check runs, hp nodes shows the checked nodes isolated, and only those
     def isolated():
         ns = slurm_nodes(hp, name)
-        return ns if all(ns[n]["InstanceStatus"]["Status"] == "DeepHealthCheckInProgress"
-                         for n in ("cpu-1", "cpu-2", "cpu-3")) else None
+        return (
+            ns
+            if all(
+                ns[n]["InstanceStatus"]["Status"] == "DeepHealthCheckInProgress" for n in ("cpu-1", "cpu-2", "cpu-3")
+            )
+            else None
+        )
 
     during = wait_until(isolated, 60, step=0.2)
     assert during["other-1"]["InstanceStatus"]["Status"] == "Running"
-    assert all("drain" in during[n]["SlurmState"] and during[n]["SlurmReason"].startswith("hp-health:")
-               for n in ("cpu-1", "cpu-2", "cpu-3")), during
+    assert all(
+        "drain" in during[n]["SlurmState"] and during[n]["SlurmReason"].startswith("hp-health:")
+        for n in ("cpu-1", "cpu-2", "cpu-3")
+    ), during
     req = wait_until(lambda: ended(hp.json("health-check", "status", name).get("Request")), 300)
     assert req["State"] == "Completed"
     assert req["Verdicts"] == {"cpu-1": "Passed", "cpu-2": "Passed", "cpu-3": "Passed"}, req
@@ -67,7 +76,10 @@ def test_healthy_group_passes_and_other_group_runs_undisturbed(hp, tmp_path):
     for n in ("cpu-1", "cpu-2", "cpu-3"):
         states = {c["Check"]: c for c in res[n]}
         assert states["InstanceStress"]["State"] == "Passed"
-        assert states["InstanceStress"]["Figures"]["cpu.bogo_ops_per_s_cpu"] >= states["InstanceStress"]["Figures"]["cpu.min_bogo_ops_per_s_cpu"]
+        assert (
+            states["InstanceStress"]["Figures"]["cpu.bogo_ops_per_s_cpu"]
+            >= states["InstanceStress"]["Figures"]["cpu.min_bogo_ops_per_s_cpu"]
+        )
         assert states["InstanceConnectivity"]["State"] == "Passed"
         assert states["InstanceConnectivity"]["Figures"]["mpi.ranks_reported"] == 3
         assert open(states["InstanceStress"]["Output"]).read().count("stress-ng")
@@ -82,7 +94,9 @@ def test_healthy_group_passes_and_other_group_runs_undisturbed(hp, tmp_path):
     out = hp("exec", name, "--node", "other-1", "--", "cat", f"slurm-{job}.out").stdout
     assert "done-other" in out
     # a second request while one is active is refused
-    rid = hp("health-check", "start", name, "--group", "cpu", "--check", "InstanceStress", *STRESS, check=True).stdout.strip()
+    rid = hp(
+        "health-check", "start", name, "--group", "cpu", "--check", "InstanceStress", *STRESS, check=True
+    ).stdout.strip()
     r2 = hp("health-check", "start", name, "--group", "cpu")
     assert r2.returncode in (1, 2) and "already has an active health check" in r2.stderr
     hp("health-check", "cancel", name)
@@ -127,7 +141,9 @@ def test_cgroup_faults_are_caught(hp, tmp_path, recovery):
     assert mem["State"] == "Failed" and any("memory limit is 40 MiB" in r for r in mem["Reasons"]), mem
     assert any("vm did no work" in r or "stress-ng" in r for r in mem["Reasons"]), mem
     cpu = first["cpu-2"]["InstanceStress"]
-    assert cpu["State"] == "Failed" and any("throttled by the node's own cgroup quota" in r for r in cpu["Reasons"]), cpu
+    assert cpu["State"] == "Failed" and any("throttled by the node's own cgroup quota" in r for r in cpu["Reasons"]), (
+        cpu
+    )
     if recovery == "None":
         assert_kept_drained(hp, name, req, {"cpu-1": "InstanceStress", "cpu-2": "InstanceStress"})
     else:
@@ -174,7 +190,18 @@ def test_busy_node_waits_for_its_job_or_is_skipped(hp, tmp_path):
 
 def test_foreign_drain_is_left_alone_and_bad_input(hp, tmp_path):
     name = create(hp, tmp_path, [("cpu", "cpu.nano", 1)])
-    hp("exec", name, "--root", "--", "scontrol", "update", "nodename=cpu-1", "state=drain", "reason=admin work", check=True)
+    hp(
+        "exec",
+        name,
+        "--root",
+        "--",
+        "scontrol",
+        "update",
+        "nodename=cpu-1",
+        "state=drain",
+        "reason=admin work",
+        check=True,
+    )
     req = check(hp, name, "--node", "cpu-1", "--check", "InstanceStress")
     assert "admin work" in req["Verdicts"]["cpu-1"]
     assert slurm_nodes(hp, name)["cpu-1"]["SlurmReason"] == "admin work"
@@ -184,8 +211,9 @@ def test_foreign_drain_is_left_alone_and_bad_input(hp, tmp_path):
 
 def controller(name: str, cmd: str) -> str:
     """Run cmd on the controller as root (Slurm's view, without an hp process per poll)."""
-    return subprocess.run(["docker", "exec", f"hp-{name}-controller-1", "sh", "-c", cmd],
-                          capture_output=True, text=True, timeout=30).stdout
+    return subprocess.run(
+        ["docker", "exec", f"hp-{name}-controller-1", "sh", "-c", cmd], capture_output=True, text=True, timeout=30
+    ).stdout
 
 
 def node_and_job(name: str, node: str, job: str) -> tuple[str, str, str, str]:
@@ -225,12 +253,23 @@ def test_on_start_checks_keep_new_nodes_out_of_jobs_until_they_pass(hp, tmp_path
     assert first["OnStart"] and first["Verdicts"] == {"cpu-1": "Passed"}, first
     assert in_service(node_and_job(name, "cpu-1", "0")[0])
     # an on-demand check is running when the next node joins: the on-start one waits for it
-    ondemand = hp("health-check", "start", name, "--node", "cpu-1", "--check", "InstanceStress",
-                  "--stress-seconds", "3", check=True).stdout.strip()
+    ondemand = hp(
+        "health-check",
+        "start",
+        name,
+        "--node",
+        "cpu-1",
+        "--check",
+        "InstanceStress",
+        "--stress-seconds",
+        "3",
+        check=True,
+    ).stdout.strip()
     hp("add-nodes", name, "cpu", "1", check=True)
     wait_until(lambda: "cpu-2" in controller(name, "sinfo -h -N -o %N"), 90)
-    job = hp("exec", name, "--", "sbatch", "--parsable", "-p", "cpu", "-N", "2", "--wrap", "hostname",
-             check=True).stdout.strip()
+    job = hp(
+        "exec", name, "--", "sbatch", "--parsable", "-p", "cpu", "-N", "2", "--wrap", "hostname", check=True
+    ).stdout.strip()
     seen = []
 
     def done() -> bool:

@@ -1,5 +1,6 @@
 """The scripting contract with real output: every --json command's output on a real
 cluster validates against schemas/<command>.schema.json; stdout holds nothing else."""
+
 from __future__ import annotations
 
 import json
@@ -8,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
-
 from conftest import ROOT, Hp, small_spec, write_spec
 
 
@@ -45,8 +45,19 @@ def test_json_outputs_validate(hp: Hp, tmp_path: Path) -> None:
     run(hp, "scale", "scale", name, "cpu", "3")
     run(hp, "add-nodes", "add-nodes", name, "cpu", "1")
     run(hp, "delete-nodes", "delete-nodes", name, "cpu-1")
-    doc = run(hp, "health-check-start", "health-check", "start", name, "--node", "cpu-2",
-              "--check", "InstanceStress", "--stress-seconds", "1")
+    doc = run(
+        hp,
+        "health-check-start",
+        "health-check",
+        "start",
+        name,
+        "--node",
+        "cpu-2",
+        "--check",
+        "InstanceStress",
+        "--stress-seconds",
+        "1",
+    )
     deadline = time.monotonic() + 90
     while True:  # let the detached check end before the cluster goes
         st = run(hp, "health-check-status", "health-check", "status", name, "--request", doc["RequestId"])

@@ -4,17 +4,19 @@ Action:Reboot / Action:Replace requests, and `hp reboot` / `hp replace` by hand.
 The recovery watcher runs in the per-cluster agent (orchestrator/agent, started by
 `hp create`).
 """
+
 from __future__ import annotations
 
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
+from conftest import Hp, small_spec, write_spec
 
 from orchestrator.slurm.model import SlurmNode, parse_nodes
-from conftest import Hp, small_spec, write_spec
 
 
 @pytest.fixture
@@ -30,7 +32,9 @@ def cluster(hp: Hp, tmp_path: Any, docker_client: Any) -> Iterator[Callable[...,
 
     def make(workers: int = 2, login: bool = False, **top: Any) -> str:
         name = hp.name("rc")
-        spec = write_spec(tmp_path / f"{name}.json", small_spec(name, [("cpu", "cpu.nano", workers)], login=login, **top))
+        spec = write_spec(
+            tmp_path / f"{name}.json", small_spec(name, [("cpu", "cpu.nano", workers)], login=login, **top)
+        )
         hp("create", "-f", str(spec), "--timeout", "120", check=True)
         return name
 

@@ -1,4 +1,5 @@
 """Pure logic of the deep health checks."""
+
 from __future__ import annotations
 
 import threading
@@ -87,7 +88,9 @@ def test_idle_drained_and_reasons():
     assert not node(["MIXED", "DRAIN"]).idle_drained and not node(["IDLE"]).idle_drained
     r = reason("hc-1", "InstanceStress", "slow")
     assert r == "hp-health:hc-1:InstanceStress failed: slow" and is_ours(r, "hc-1") and not is_ours(r, "hc-2")
-    assert validate_checks(["InstanceStress", "Nope"]) == ["unknown check 'Nope' (checks: InstanceStress, InstanceConnectivity)"]
+    assert validate_checks(["InstanceStress", "Nope"]) == [
+        "unknown check 'Nope' (checks: InstanceStress, InstanceConnectivity)"
+    ]
 
 
 YAML = """metrics:
@@ -142,8 +145,12 @@ def test_concurrent_results_get_their_own_rows(tmp_path):
     from orchestrator.state.store import Store
 
     rec = Records(Store(tmp_path))
-    rows = list(ThreadPoolExecutor(8).map(
-        lambda i: rec.result("hc-1", "c", Result(f"cpu-{i}", "cpu", "InstanceStress", "initial", "Running")), range(16)))
+    rows = list(
+        ThreadPoolExecutor(8).map(
+            lambda i: rec.result("hc-1", "c", Result(f"cpu-{i}", "cpu", "InstanceStress", "initial", "Running")),
+            range(16),
+        )
+    )
     assert len(set(rows)) == 16
     for i, row in enumerate(rows):
         rec.update(row, Result(f"cpu-{i}", "cpu", "InstanceStress", "initial", "Passed"))

@@ -44,11 +44,7 @@ def test_dcgm_4x_real_failure():
     # one message, naming test, GPU and DCGM's own words (summary not repeated)
     assert len(r.failures) == 1
     msg = r.failures[0]
-    assert (
-        "'software'" in msg
-        and "GPU 0" in msg
-        and "Persistence mode for GPU 0 is disabled" in msg
-    )
+    assert "'software'" in msg and "GPU 0" in msg and "Persistence mode for GPU 0 is disabled" in msg
 
     v = judge_dcgm(r, 226)
     assert not v.passed
@@ -107,10 +103,7 @@ def test_dcgm_3x_failure():
 
 
 def test_dcgm_3x_pass_with_preamble():
-    r = parse_dcgm(
-        "dcgmi: connecting to hostengine\n"
-        + fx("dcgm-3.x-diag-r2-pass-HANDWRITTEN.json")
-    )
+    r = parse_dcgm("dcgmi: connecting to hostengine\n" + fx("dcgm-3.x-diag-r2-pass-HANDWRITTEN.json"))
     assert r.layout == "3.x" and r.passed
     assert len(r.results) == 22 and all(x.status == "Pass" for x in r.results)
     v = judge_dcgm(r, 0)
@@ -152,9 +145,7 @@ def test_dcgm_3x_variants_nulls_csv_ids_warn_uppercase():
 
 
 def test_dcgm_runtime_error_and_empty():
-    r = parse_dcgm(
-        '{"DCGM Diagnostic": {}, "runtime_error": "Unable to run diagnostic on unsupported GPU 0."}'
-    )
+    r = parse_dcgm('{"DCGM Diagnostic": {}, "runtime_error": "Unable to run diagnostic on unsupported GPU 0."}')
     assert not r.passed and "unsupported GPU 0" in r.failures[0]
     r = parse_dcgm('{"DCGM Diagnostic": {"test_categories": []}}')
     assert not r.passed and r.failures == ["DCGM reported no test results"]
@@ -219,11 +210,7 @@ def test_nccl_judge_threshold_over_fixed_range():
     low = judge_nccl(r, min_busbw_gbps=350, min_bytes=1 * GiB, max_bytes=8 * GiB)
     assert not low.passed
     assert len(low.reasons) == 1
-    assert (
-        "321.36 GB/s" in low.reasons[0]
-        and "350 GB/s" in low.reasons[0]
-        and "4 sizes" in low.reasons[0]
-    )
+    assert "321.36 GB/s" in low.reasons[0] and "350 GB/s" in low.reasons[0] and "4 sizes" in low.reasons[0]
 
     # the tool's own average (70.7) includes tiny sizes: a full-range threshold fails
     assert not judge_nccl(r, 100, 8, 8 * GiB).passed
@@ -265,11 +252,7 @@ def test_nccl_wrong_in_place_and_na_and_tool_failed():
     assert any("FAILED" in x for x in v.reasons)
     # with N/A only (validation off) and no FAILED, it passes
     first_row = rows.splitlines()[0]
-    clean = parse_nccl_tests(
-        header
-        + first_row
-        + "\n# Out of bounds values : 0 OK\n# Avg bus bandwidth : 298.3\n"
-    )
+    clean = parse_nccl_tests(header + first_row + "\n# Out of bounds values : 0 OK\n# Avg bus bandwidth : 298.3\n")
     assert judge_nccl(clean, 290, 1 * GiB, 1 * GiB).passed
     assert not judge_nccl(clean, 290, 1 * GiB, 1 * GiB, exit_code=1).passed
 
@@ -291,9 +274,7 @@ def test_nccl_not_nccl_output():
     with pytest.raises(ParseError):
         parse_nccl_tests("bash: all_reduce_perf: command not found\n")
     # a header but no rows (crashed before the first size) parses, and fails
-    r = parse_nccl_tests(
-        "# nThread 1 nGpus 1 minBytes 8 maxBytes 128 step: 2(factor)\n"
-    )
+    r = parse_nccl_tests("# nThread 1 nGpus 1 minBytes 8 maxBytes 128 step: 2(factor)\n")
     assert r.rows == [] and not judge_nccl(r, 1, 8, 128).passed
 
 
@@ -327,9 +308,7 @@ def test_stress_exit_zero_but_low_throughput_fails():
     r = stress("stress-ng-pass")
     v = judge_stress(r, 0, {"cpu": 1000, "vm": 50000})
     assert not v.passed
-    assert any(
-        "stressor cpu: 826.53 bogo-ops/s (wall) is below 1000" in x for x in v.reasons
-    )
+    assert any("stressor cpu: 826.53 bogo-ops/s (wall) is below 1000" in x for x in v.reasons)
     assert not any("stressor vm" in x for x in v.reasons)
 
 
@@ -348,9 +327,7 @@ def test_stress_zero_ops_with_exit_zero():
 
 def test_stress_fail_line_with_exit_zero():
     r = stress("stress-ng-0.15.06-hdd-ulimit-f-fail")
-    assert r.fail_lines == [
-        "hdd: write failed, errno=27 (File too large), filesystem type: ext2"
-    ]
+    assert r.fail_lines == ["hdd: write failed, errno=27 (File too large), filesystem type: ext2"]
     v = judge_stress(r, 0, {})
     assert not v.passed and "File too large" in v.reasons[0]
 
@@ -363,9 +340,7 @@ def test_stress_killed_child_exit_2():
     assert v.reasons[0] == "stress-ng exited 2: one or more stressors failed"
     assert any("corrupted bogo-ops counter" in x for x in v.reasons)
     assert any("no run time" in x for x in v.reasons)
-    assert not any(
-        "CPU time:" in x for x in v.reasons
-    )  # no bogus CPU-time diagnosis on lost figures
+    assert not any("CPU time:" in x for x in v.reasons)  # no bogus CPU-time diagnosis on lost figures
 
 
 def test_stress_bad_option_log_only():
@@ -373,9 +348,7 @@ def test_stress_bad_option_log_only():
     assert r.metrics == {}
     v = judge_stress(r, 1, {"cpu": 100})
     assert not v.passed
-    assert v.reasons[0].startswith(
-        "stress-ng exited 1: bad options or usage error (cpu-method must be one of"
-    )
+    assert v.reasons[0].startswith("stress-ng exited 1: bad options or usage error (cpu-method must be one of")
     assert "stress-ng produced no metrics" in v.reasons
     assert "no metrics for stressor cpu" in v.reasons
 
@@ -396,9 +369,7 @@ def test_stress_per_cpu_second_tells_waiting_from_quota():
     # by wall second it is slow; the reason says it waited for CPU
     v = judge_stress(contended, 0, {"cpu": 1000}, granted_cpus=1)
     assert not v.passed
-    assert (
-        "waited for CPUs held by other processes or sibling containers" in v.reasons[-1]
-    )
+    assert "waited for CPUs held by other processes or sibling containers" in v.reasons[-1]
     # by CPU second the CPU itself is fine
     assert judge_stress(contended, 0, {"cpu": 1000}, per="cpu").passed
 
@@ -473,9 +444,7 @@ def test_iperf3_pass_3_18_and_3_12():
     assert v.passed and v.figures["received_gbps"] == pytest.approx(12.6035, rel=1e-4)
     assert v.figures["min_gbps"] == 10
     low = judge_iperf3(r, 0, 20)
-    assert not low.passed and low.reasons == [
-        "received 12.603 Gbit/s is below 20 Gbit/s"
-    ]
+    assert not low.passed and low.reasons == ["received 12.603 Gbit/s is below 20 Gbit/s"]
 
     r12 = parse_iperf3(fx("iperf3-3.12-loopback-pass.json"))
     assert r12.version == "iperf 3.12" and judge_iperf3(r12, 0, 5).passed
@@ -492,9 +461,7 @@ def test_iperf3_error_json_with_exit_zero():
     assert r.error == "unable to connect to server: Connection refused"
     assert r.received_bps is None
     v = judge_iperf3(r, 0, 1)
-    assert not v.passed and v.reasons == [
-        "iperf3 error: unable to connect to server: Connection refused"
-    ]
+    assert not v.passed and v.reasons == ["iperf3 error: unable to connect to server: Connection refused"]
 
     killed = parse_iperf3(fx("iperf3-3.12-server-killed.json"))
     assert "Connection reset by peer" in killed.error
@@ -518,9 +485,7 @@ def test_iperf3_not_iperf_output():
 def test_mpi_real_pass():
     r = parse_mpi_allreduce(fx("mpi_allreduce-openmpi-4.1.4-np4.txt"))
     assert sorted(x.rank for x in r.lines) == [0, 1, 2, 3]
-    assert all(
-        x.sum == 10 and x.expected == 10 and x.ok and x.size == 4 for x in r.lines
-    )
+    assert all(x.sum == 10 and x.expected == 10 and x.ok and x.size == 4 for x in r.lines)
     v = judge_mpi_allreduce(r, expected_size=4, expected_hosts=["vm"], exit_code=0)
     assert v.passed, v.reasons
     assert judge_mpi_allreduce(r).passed  # size taken from the lines
@@ -532,10 +497,7 @@ def test_mpi_missing_rank_and_host():
     r = parse_mpi_allreduce("\n".join(lines))
     v = judge_mpi_allreduce(r, expected_size=4, expected_hosts=["vm", "node-b"])
     assert not v.passed
-    assert any(
-        "1 of 4 ranks printed nothing: 2" in x and "hosts that did report: vm" in x
-        for x in v.reasons
-    )
+    assert any("1 of 4 ranks printed nothing: 2" in x and "hosts that did report: vm" in x for x in v.reasons)
     assert "no HP-MPI line from host(s): node-b" in v.reasons
     assert v.figures["ranks_missing"] == 1
 
@@ -575,10 +537,7 @@ def test_mpi_singletons_and_abort():
 
 
 def test_mpi_duplicate_rank_and_size_mismatch():
-    text = (
-        "HP-MPI rank=0 size=2 host=a sum=3 expected=3 ok=1\n"
-        "HP-MPI rank=0 size=2 host=b sum=3 expected=3 ok=1\n"
-    )
+    text = "HP-MPI rank=0 size=2 host=a sum=3 expected=3 ok=1\nHP-MPI rank=0 size=2 host=b sum=3 expected=3 ok=1\n"
     v = judge_mpi_allreduce(parse_mpi_allreduce(text), expected_size=2)
     assert "rank 0 reported 2 times (hosts a, b)" in v.reasons
     assert any("ranks printed nothing: 1" in x for x in v.reasons)

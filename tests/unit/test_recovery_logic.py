@@ -1,12 +1,23 @@
 """Unit tests for the recovery decision table and guards (orchestrator.recovery), pure logic."""
+
 from __future__ import annotations
 
 import threading
 
 import pytest
 
-from orchestrator.recovery.rules import (NONE, REBOOT, RECOVER, REPLACE, RULES, Seen, container_condition, decide,
-                                         guard, slurm_condition)
+from orchestrator.recovery.rules import (
+    NONE,
+    REBOOT,
+    RECOVER,
+    REPLACE,
+    RULES,
+    Seen,
+    container_condition,
+    decide,
+    guard,
+    slurm_condition,
+)
 from orchestrator.recovery.watcher import RecoveryWatcher
 from orchestrator.slurm.model import SlurmNode
 
@@ -15,56 +26,74 @@ def sn(*state: str, reason: str = "") -> SlurmNode:
     return SlurmNode(name="cpu-1", state=tuple(state), reason=reason)
 
 
-@pytest.mark.parametrize("state,expected", [
-    ("running", "running"), ("exited", "died"), ("dead", "died"), ("created", "starting"),
-    ("restarting", "starting"), ("removing", "starting"), (None, "missing"),
-])
+@pytest.mark.parametrize(
+    "state,expected",
+    [
+        ("running", "running"),
+        ("exited", "died"),
+        ("dead", "died"),
+        ("created", "starting"),
+        ("restarting", "starting"),
+        ("paused", "paused"),
+        ("removing", "starting"),
+        (None, "missing"),
+    ],
+)
 def test_container_condition(state, expected):
     assert container_condition(state) == expected
 
 
-@pytest.mark.parametrize("node,expected", [
-    (None, "absent"),
-    (sn("IDLE", "DYNAMIC_NORM"), "ok"),
-    (sn("ALLOCATED", "DYNAMIC_NORM"), "ok"),
-    (sn("IDLE", "FAIL", "DYNAMIC_NORM", reason="Action:Reboot"), "action_reboot"),
-    (sn("IDLE", "FAIL", "DYNAMIC_NORM", reason="Action:Replace"), "action_replace"),
-    (sn("DOWN", "DYNAMIC_NORM", reason="Action:Replace"), "action_replace"),
-    (sn("IDLE", "DRAIN", reason="Action:Reboot please"), "action_reboot"),
-    # Slurm keeps the reason after a resume: an idle node is not asking for anything.
-    (sn("IDLE", "DYNAMIC_NORM", reason="Action:Replace"), "ok"),
-    (sn("IDLE", "DRAIN", reason="maintenance"), "admin_hold"),
-    (sn("DOWN", "NOT_RESPONDING", reason="disk swap"), "admin_hold"),
-    (sn("IDLE", "FAIL", reason="bad DIMM"), "admin_hold"),
-    (sn("DOWN", "NOT_RESPONDING", "DYNAMIC_NORM", reason="Not responding"), "not_responding"),
-    (sn("IDLE", "NOT_RESPONDING", "DYNAMIC_NORM"), "not_responding"),
-    (sn("DOWN", "DYNAMIC_NORM"), "not_responding"),
-])
+@pytest.mark.parametrize(
+    "node,expected",
+    [
+        (None, "absent"),
+        (sn("IDLE", "DYNAMIC_NORM"), "ok"),
+        (sn("ALLOCATED", "DYNAMIC_NORM"), "ok"),
+        (sn("IDLE", "FAIL", "DYNAMIC_NORM", reason="Action:Reboot"), "action_reboot"),
+        (sn("IDLE", "FAIL", "DYNAMIC_NORM", reason="Action:Replace"), "action_replace"),
+        (sn("DOWN", "DYNAMIC_NORM", reason="Action:Replace"), "action_replace"),
+        (sn("IDLE", "DRAIN", reason="Action:Reboot please"), "action_reboot"),
+        # Slurm keeps the reason after a resume: an idle node is not asking for anything.
+        (sn("IDLE", "DYNAMIC_NORM", reason="Action:Replace"), "ok"),
+        (sn("IDLE", "DRAIN", reason="maintenance"), "admin_hold"),
+        (sn("DOWN", "NOT_RESPONDING", reason="disk swap"), "admin_hold"),
+        (sn("IDLE", "FAIL", reason="bad DIMM"), "admin_hold"),
+        (sn("DOWN", "NOT_RESPONDING", "DYNAMIC_NORM", reason="Not responding"), "not_responding"),
+        (sn("IDLE", "NOT_RESPONDING", "DYNAMIC_NORM"), "not_responding"),
+        (sn("DOWN", "DYNAMIC_NORM"), "not_responding"),
+    ],
+)
 def test_slurm_condition(node, expected):
     assert slurm_condition(node) == expected
 
 
-@pytest.mark.parametrize("role,container,slurm,automatic,expected", [
-    ("worker", "died", "ok", True, RECOVER),
-    ("worker", "died", "ok", False, NONE),  # NodeRecovery None: a dead node stays dead
-    ("login", "died", "absent", True, RECOVER),
-    ("controller", "died", "absent", True, REBOOT),  # never replaced
-    ("controller", "died", "absent", False, NONE),
-    ("worker", "running", "not_responding", True, RECOVER),
-    ("worker", "running", "not_responding", False, NONE),
-    ("worker", "running", "action_reboot", False, REBOOT),  # explicit requests, whatever NodeRecovery
-    ("worker", "running", "action_replace", False, REPLACE),
-    ("worker", "died", "action_replace", True, REPLACE),
-    ("worker", "died", "admin_hold", True, NONE),  # drained by someone else
-    ("worker", "running", "admin_hold", True, NONE),
-    ("worker", "missing", "not_responding", True, NONE),  # removed on purpose (scale-down)
-    ("worker", "starting", "not_responding", True, NONE),
-    ("worker", "running", "ok", True, NONE),
-    ("worker", "running", "absent", True, NONE),  # not registered yet
-    ("worker", "running", "lost", True, RECOVER),  # forgotten by a controller restart
-    ("worker", "running", "lost", False, NONE),
-    ("login", "running", "lost", True, NONE),
-])
+@pytest.mark.parametrize(
+    "role,container,slurm,automatic,expected",
+    [
+        ("worker", "died", "ok", True, RECOVER),
+        ("worker", "died", "ok", False, NONE),  # NodeRecovery None: a dead node stays dead
+        ("login", "died", "absent", True, RECOVER),
+        ("controller", "died", "absent", True, REBOOT),  # never replaced
+        ("controller", "died", "absent", False, NONE),
+        ("controller", "paused", "ok", True, REBOOT),
+        ("worker", "paused", "not_responding", True, RECOVER),
+        ("worker", "paused", "ok", False, NONE),
+        ("worker", "running", "not_responding", True, RECOVER),
+        ("worker", "running", "not_responding", False, NONE),
+        ("worker", "running", "action_reboot", False, REBOOT),  # explicit requests, whatever NodeRecovery
+        ("worker", "running", "action_replace", False, REPLACE),
+        ("worker", "died", "action_replace", True, REPLACE),
+        ("worker", "died", "admin_hold", True, NONE),  # drained by someone else
+        ("worker", "running", "admin_hold", True, NONE),
+        ("worker", "missing", "not_responding", True, NONE),  # removed on purpose (scale-down)
+        ("worker", "starting", "not_responding", True, NONE),
+        ("worker", "running", "ok", True, NONE),
+        ("worker", "running", "absent", True, NONE),  # not registered yet
+        ("worker", "running", "lost", True, RECOVER),  # forgotten by a controller restart
+        ("worker", "running", "lost", False, NONE),
+        ("login", "running", "lost", True, NONE),
+    ],
+)
 def test_decide(role, container, slurm, automatic, expected):
     assert decide(role, container, slurm, automatic) == expected
 
@@ -77,33 +106,39 @@ def seen(at: float = 100.0) -> Seen:
     return Seen("cpu-1", "worker", "died", "ok", at, "container died (exit 137)")
 
 
-@pytest.mark.parametrize("recorded,busy,last_done,retry_at,now,blocked", [
-    (None, False, 0.0, 0.0, 101.0, False),
-    (None, True, 0.0, 0.0, 101.0, True),  # never twice at once
-    (None, False, 100.5, 0.0, 101.0, True),  # stale: taken before the last action ended
-    (None, False, 0.0, 200.0, 101.0, True),  # backing off
-    (("DeepHealthCheckInProgress", "", 50.0), False, 0.0, 0.0, 101.0, True),
-    (("ShuttingDown", "", 50.0), False, 0.0, 0.0, 101.0, True),
-    (("Rebooting", "rebooting: x", 90.0), False, 0.0, 0.0, 101.0, True),  # another process acts
-    (("Replacing", "replacing: x", 90.0), False, 0.0, 0.0, 101.0, True),
-    (("Rebooting", "rebooting: x", 90.0), False, 0.0, 0.0, 1000.0, False),  # a leftover
-    (("Launching", "", 50.0), False, 0.0, 0.0, 101.0, True),  # the reconciler's
-    (("LaunchFailed", "", 50.0), False, 0.0, 0.0, 101.0, True),
-    (("Running", "", 100.5), False, 0.0, 0.0, 101.0, True),  # status changed after the observation
-    (("Running", "", 50.0), False, 0.0, 0.0, 101.0, False),
-    (("Rebooting", "reboot did not bring it back", 50.0), False, 0.0, 0.0, 1000.0, False),
-])
+@pytest.mark.parametrize(
+    "recorded,busy,last_done,retry_at,now,blocked",
+    [
+        (None, False, 0.0, 0.0, 101.0, False),
+        (None, True, 0.0, 0.0, 101.0, True),  # never twice at once
+        (None, False, 100.5, 0.0, 101.0, True),  # stale: taken before the last action ended
+        (None, False, 0.0, 200.0, 101.0, True),  # backing off
+        (("DeepHealthCheckInProgress", "", 50.0), False, 0.0, 0.0, 101.0, True),
+        (("ShuttingDown", "", 50.0), False, 0.0, 0.0, 101.0, True),
+        (("Rebooting", "rebooting: x", 90.0), False, 0.0, 0.0, 101.0, True),  # another process acts
+        (("Replacing", "replacing: x", 90.0), False, 0.0, 0.0, 101.0, True),
+        (("Rebooting", "rebooting: x", 90.0), False, 0.0, 0.0, 1000.0, False),  # a leftover
+        (("Launching", "", 50.0), False, 0.0, 0.0, 101.0, True),  # the reconciler's
+        (("LaunchFailed", "", 50.0), False, 0.0, 0.0, 101.0, True),
+        (("Running", "", 100.5), False, 0.0, 0.0, 101.0, True),  # status changed after the observation
+        (("Running", "", 50.0), False, 0.0, 0.0, 101.0, False),
+        (("Rebooting", "reboot did not bring it back", 50.0), False, 0.0, 0.0, 1000.0, False),
+    ],
+)
 def test_guard(recorded, busy, last_done, retry_at, now, blocked):
     assert (guard(seen(), recorded, busy, last_done, retry_at, now) is not None) == blocked
 
 
-@pytest.mark.parametrize("node,expected", [
-    (sn("IDLE", "FAIL", "DYNAMIC_NORM", reason="Action:Reboot"), True),
-    (sn("DOWN", "DYNAMIC_NORM", reason="Not responding"), True),
-    (sn("DOWN", "NOT_RESPONDING", reason="Not responding"), False),  # slurmd not back yet
-    (sn("IDLE", "DRAIN", reason="maintenance"), False),  # someone else's
-    (sn("IDLE", "DYNAMIC_NORM"), False),
-])
+@pytest.mark.parametrize(
+    "node,expected",
+    [
+        (sn("IDLE", "FAIL", "DYNAMIC_NORM", reason="Action:Reboot"), True),
+        (sn("DOWN", "DYNAMIC_NORM", reason="Not responding"), True),
+        (sn("DOWN", "NOT_RESPONDING", reason="Not responding"), False),  # slurmd not back yet
+        (sn("IDLE", "DRAIN", reason="maintenance"), False),  # someone else's
+        (sn("IDLE", "DYNAMIC_NORM"), False),
+    ],
+)
 def test_needs_resume(node, expected):
     assert node.needs_resume == expected
 

@@ -1,12 +1,14 @@
 """The scripting contract without Docker: every --json command has a valid JSON Schema,
 exit codes are documented, no colour when NO_COLOR or not a TTY; and the pure parts of
 ci.py (manifest checks, key, auth-key redaction, dpkg parsing)."""
+
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import jsonschema
 import pytest
@@ -38,8 +40,19 @@ def test_every_json_command_has_a_schema_and_every_schema_a_command() -> None:
     files = {p.name.removesuffix(".schema.json") for p in SCHEMAS.glob("*.schema.json")}
     assert with_json - files == set(), "commands with --json but no schemas/<command>.schema.json"
     assert files - with_json == set(), "schemas for commands that do not exist (or lost --json)"
-    assert {"create", "list", "describe", "nodes", "delete", "version", "submit", "logs",
-            "images-save", "images-load", "images-key"} <= files
+    assert {
+        "create",
+        "list",
+        "describe",
+        "nodes",
+        "delete",
+        "version",
+        "submit",
+        "logs",
+        "images-save",
+        "images-load",
+        "images-key",
+    } <= files
 
 
 @pytest.mark.parametrize("path", sorted(SCHEMAS.glob("*.schema.json")), ids=lambda p: p.name)
@@ -108,9 +121,11 @@ def test_log_writer_never_writes_the_auth_key(tmp_path: Path) -> None:
 
 
 def test_parse_dpkg_version() -> None:
-    status = ("Package: slurm-client\nStatus: install ok installed\nVersion: 24.11.5-4\n\n"
-              "Package: slurmd\nStatus: install ok installed\nDescription: x\n more\nVersion: 24.11.5-4+deb13u1\n\n"
-              "Package: old\nStatus: deinstall ok config-files\nVersion: 1\n")
+    status = (
+        "Package: slurm-client\nStatus: install ok installed\nVersion: 24.11.5-4\n\n"
+        "Package: slurmd\nStatus: install ok installed\nDescription: x\n more\nVersion: 24.11.5-4+deb13u1\n\n"
+        "Package: old\nStatus: deinstall ok config-files\nVersion: 1\n"
+    )
     assert parse_dpkg_version(status, "slurmd") == "24.11.5-4+deb13u1"
     assert parse_dpkg_version(status, "old") is None
     assert parse_dpkg_version(status, "absent") is None

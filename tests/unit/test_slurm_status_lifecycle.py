@@ -1,4 +1,5 @@
 """Pure logic: Slurm JSON parsers (real 24.11 output), honest status, the node state machine."""
+
 from pathlib import Path
 
 import pytest
@@ -35,10 +36,16 @@ def test_parse_errors():
 
 
 def ci(state="running", code=0, role="worker", node="cpu-a-1", group="cpu-a"):
-    return Container(id="abcdef0123456789abcdef", name=f"hp-x-{node}", state=state, exit_code=code,
-                         created="2026-01-01T00:00:00Z", image="img", ip="10.0.0.2",
-                         labels={"io.hp.role": role, "io.hp.node": node, "io.hp.group": group,
-                                 "io.hp.instance-type": "cpu.small"})
+    return Container(
+        id="abcdef0123456789abcdef",
+        name=f"hp-x-{node}",
+        state=state,
+        exit_code=code,
+        created="2026-01-01T00:00:00Z",
+        image="img",
+        ip="10.0.0.2",
+        labels={"io.hp.role": role, "io.hp.node": node, "io.hp.group": group, "io.hp.instance-type": "cpu.small"},
+    )
 
 
 IDLE = SlurmNode("cpu-a-1", ("IDLE", "DYNAMIC_NORM"))
@@ -46,20 +53,23 @@ DOWN = SlurmNode("cpu-a-1", ("DOWN", "NOT_RESPONDING"), reason="Not responding")
 DRAINED = SlurmNode("cpu-a-1", ("IDLE", "DRAIN"), reason="hp-health:hc-1:InstanceStress")
 
 
-@pytest.mark.parametrize("role,container,snode,recorded,up,expect", [
-    ("worker", ci(), IDLE, None, True, "Running"),
-    ("worker", ci(), None, None, True, "Pending"),  # slurmd not registered yet
-    ("worker", ci(state="exited", code=137), None, None, True, "Failure"),
-    ("worker", ci(), DOWN, None, True, "Failure"),  # Slurm says so
-    ("worker", None, None, ("LaunchFailed", "InsufficientCapacity: ...", 0.0), True, "Pending"),
-    ("worker", None, None, None, True, "NotFound"),
-    ("worker", ci(), DRAINED, ("DeepHealthCheckInProgress", "req", 0.0), True, "DeepHealthCheckInProgress"),
-    # recorded as checked, but Slurm (read after the record) shows it in service: it is not isolated
-    ("worker", ci(), IDLE, ("DeepHealthCheckInProgress", "req", 0.0), True, "Running"),
-    ("worker", ci(), IDLE, ("ShuttingDown", "scale-down", 0.0), True, "ShuttingDown"),
-    ("worker", ci(state="created"), None, None, True, "Pending"),
-    ("login", ci(role="login"), None, None, True, "Running"),
-])
+@pytest.mark.parametrize(
+    "role,container,snode,recorded,up,expect",
+    [
+        ("worker", ci(), IDLE, None, True, "Running"),
+        ("worker", ci(), None, None, True, "Pending"),  # slurmd not registered yet
+        ("worker", ci(state="exited", code=137), None, None, True, "Failure"),
+        ("worker", ci(), DOWN, None, True, "Failure"),  # Slurm says so
+        ("worker", None, None, ("LaunchFailed", "InsufficientCapacity: ...", 0.0), True, "Pending"),
+        ("worker", None, None, None, True, "NotFound"),
+        ("worker", ci(), DRAINED, ("DeepHealthCheckInProgress", "req", 0.0), True, "DeepHealthCheckInProgress"),
+        # recorded as checked, but Slurm (read after the record) shows it in service: it is not isolated
+        ("worker", ci(), IDLE, ("DeepHealthCheckInProgress", "req", 0.0), True, "Running"),
+        ("worker", ci(), IDLE, ("ShuttingDown", "scale-down", 0.0), True, "ShuttingDown"),
+        ("worker", ci(state="created"), None, None, True, "Pending"),
+        ("login", ci(role="login"), None, None, True, "Running"),
+    ],
+)
 def test_instance_status(role, container, snode, recorded, up, expect):
     assert instance_status(role, container, snode, recorded, up)[0] == expect
 
@@ -76,7 +86,11 @@ def test_group_views_counts_and_status():
     containers = {"cpu-a-1": ci(), "controller-1": ci(role="controller", node="controller-1", group="controller")}
     recorded = {"cpu-a-2": ("LaunchFailed", "InsufficientCapacity: no", 0.0)}
     views = node_views(spec, containers, {"cpu-a-1": IDLE}, recorded, True)
-    assert [(v.node, v.status) for v in views] == [("controller-1", "Running"), ("cpu-a-1", "Running"), ("cpu-a-2", "Pending")]
+    assert [(v.node, v.status) for v in views] == [
+        ("controller-1", "Running"),
+        ("cpu-a-1", "Running"),
+        ("cpu-a-2", "Pending"),
+    ]
     g = {x["InstanceGroupName"]: x for x in group_views(spec, views, {"cpu-a": ["Scale to 2"]})}
     assert g["cpu-a"]["CurrentCount"] == 1 and g["cpu-a"]["PendingCount"] == 1 and g["cpu-a"]["TargetCount"] == 2
     assert g["cpu-a"]["ActiveOperations"] == ["Scale to 2"] and g["cpu-a"]["Status"] == "Creating"

@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from orchestrator.spec.catalogue import load_catalogue
 from orchestrator.errors import BadInput
+from orchestrator.spec.catalogue import load_catalogue
 from orchestrator.spec.loader import load_spec_file
 from orchestrator.spec.model import DEFAULT_SPEC, validate
 
@@ -36,19 +36,38 @@ def test_default_spec_is_valid_and_fits_two_cores():
 
 
 def test_issue_example_reads():
-    doc = {"ClusterName": "lab", "NodeRecovery": "Automatic", "NodeProvisioningMode": "Continuous",
-           "InstanceGroups": [group("controller", "Controller"), group("login", "Login"),
-                              group("cpu", "Compute", 4, "cpu.medium", ["cpu"])]}
+    doc = {
+        "ClusterName": "lab",
+        "NodeRecovery": "Automatic",
+        "NodeProvisioningMode": "Continuous",
+        "InstanceGroups": [
+            group("controller", "Controller"),
+            group("login", "Login"),
+            group("cpu", "Compute", 4, "cpu.medium", ["cpu"]),
+        ],
+    }
     s = validate(doc, CAT)
     assert s.continuous and s.compute[0].partition == "cpu"
 
 
 def test_every_problem_is_reported_with_its_path():
-    doc = spec(group("Login1", "Login"), group("login2", "Login"), group("c", "Controller", 0, itype="x.huge"),
-               group("bad_name", "Compute", 1, parts=["p"]), group("w", "Compute", "two", parts=["q"]),
-               Bogus=1)
-    doc["InstanceGroups"].append({"InstanceGroupName": "ok2", "InstanceType": "cpu.small", "InstanceCount": 1,
-                                  "SlurmConfig": {"NodeType": "Compute", "PartitionNames": ["z"]}, "Extra": True})
+    doc = spec(
+        group("Login1", "Login"),
+        group("login2", "Login"),
+        group("c", "Controller", 0, itype="x.huge"),
+        group("bad_name", "Compute", 1, parts=["p"]),
+        group("w", "Compute", "two", parts=["q"]),
+        Bogus=1,
+    )
+    doc["InstanceGroups"].append(
+        {
+            "InstanceGroupName": "ok2",
+            "InstanceType": "cpu.small",
+            "InstanceCount": 1,
+            "SlurmConfig": {"NodeType": "Compute", "PartitionNames": ["z"]},
+            "Extra": True,
+        }
+    )
     ps = problems(doc)
     text = "\n".join(ps)
     assert "Bogus: unknown key" in text
@@ -62,15 +81,24 @@ def test_every_problem_is_reported_with_its_path():
 
 
 def test_no_controller_and_two_controllers():
-    assert any("exactly one group with SlurmConfig.NodeType Controller is required, found 0" in p
-               for p in problems(spec(group("a", "Compute", 1, parts=["a"]))))
+    assert any(
+        "exactly one group with SlurmConfig.NodeType Controller is required, found 0" in p
+        for p in problems(spec(group("a", "Compute", 1, parts=["a"])))
+    )
     assert any("found 2" in p for p in problems(spec(group("c1", "Controller"), group("c2", "Controller"))))
 
 
 def test_compute_group_needs_exactly_one_partition_and_unique_names():
-    ps = problems(spec(group("c", "Controller"), group("a", "Compute", 1, parts=[]),
-                       group("b", "Compute", 1, parts=["x", "y"]), group("d", "Compute", 1, parts=["dev"]),
-                       group("e", "Compute", 1, parts=["p"]), group("E", "Compute", 1, parts=["p"])))
+    ps = problems(
+        spec(
+            group("c", "Controller"),
+            group("a", "Compute", 1, parts=[]),
+            group("b", "Compute", 1, parts=["x", "y"]),
+            group("d", "Compute", 1, parts=["dev"]),
+            group("e", "Compute", 1, parts=["p"]),
+            group("E", "Compute", 1, parts=["p"]),
+        )
+    )
     t = "\n".join(ps)
     assert t.count("a Compute group has exactly one partition") == 2
     assert "'dev' is the default partition" in t
@@ -87,8 +115,13 @@ def test_names_length_and_pattern():
 
 
 def test_negative_count_and_min_count():
-    ps = problems(spec(group("c", "Controller"), group("a", "Compute", -1, parts=["a"]),
-                       group("b", "Compute", 2, parts=["b"], MinCount=3)))
+    ps = problems(
+        spec(
+            group("c", "Controller"),
+            group("a", "Compute", -1, parts=["a"]),
+            group("b", "Compute", 2, parts=["b"], MinCount=3),
+        )
+    )
     assert any("must be >= 0, got -1" in p for p in ps)
     assert any("MinCount: must be between 0 and InstanceCount (2), got 3" in p for p in ps)
 
@@ -100,8 +133,13 @@ def test_wrong_types_and_enum_values():
 
 
 def test_hyperpod_fields_are_accepted():
-    g = group("c", "Controller", LifeCycleConfig={"SourceS3Uri": "s3://x", "OnCreate": "on_create.sh"},
-              ExecutionRole="arn:aws:iam::1:role/x", ThreadsPerCore=1)
+    g = group(
+        "c",
+        "Controller",
+        LifeCycleConfig={"SourceS3Uri": "s3://x", "OnCreate": "on_create.sh"},
+        ExecutionRole="arn:aws:iam::1:role/x",
+        ThreadsPerCore=1,
+    )
     assert validate(spec(g, VpcConfig={"Subnets": []}), CAT)
 
 
@@ -122,7 +160,9 @@ def test_not_a_mapping_and_name_override(tmp_path):
 
 def test_catalogue_extension(tmp_path, monkeypatch):
     p = tmp_path / "types.yaml"
-    p.write_text("my.type: {VCpus: 3, CpuLimit: 0.1, MemoryMiB: 300}\ncpu.small: {VCpus: 2, CpuLimit: 0.2, MemoryMiB: 256}\n")
+    p.write_text(
+        "my.type: {VCpus: 3, CpuLimit: 0.1, MemoryMiB: 300}\ncpu.small: {VCpus: 2, CpuLimit: 0.2, MemoryMiB: 256}\n"
+    )
     monkeypatch.setenv("HP_INSTANCE_TYPES", str(p))
     cat = load_catalogue()
     assert cat["my.type"].vcpus == 3 and cat["cpu.small"].memory_mib == 256

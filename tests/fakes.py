@@ -1,0 +1,496 @@
+"""In-memory fakes behind hp's Protocols, for unit tests of orchestration logic only
+(the end-to-end tests use real Docker and real Slurm).
+
+- FakeProvider: the Provider (orchestrator.docker.provider) as a dict of containers,
+  networks, volumes and images; exec answers through `exec_handler`.
+- FakeSlurm: the Slurm interface (orchestrator.slurm.client) as a dict of nodes. Worker
+  containers that start register in it (with the drain their slurmd --conf asks for)
+  when `auto_register` is on, as slurmd would.
+- FakeAgents: agent process control that starts nothing.
+- world(): an Env wired with all three and a private Store.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import IO, Any
+
+from orchestrator.cluster.context import Env
+from orchestrator.docker.views import (
+    Container,
+    ContainerDetails,
+    ContainerSpec,
+    ContainerState,
+    EngineInfo,
+    Event,
+    ExecHandle,
+    ExecResult,
+    Limits,
+    Network,
+    Volume,
+)
+from orchestrator.errors import EngineError, EngineUnavailable, ObjectMissing, OperationFailed
+from orchestrator.naming import L_CLUSTER, L_MANAGED
+from orchestrator.slurm.model import JobInfo, SlurmNode
+from orchestrator.state.store import Store
+
+_ids = itertools.count(1)
+
+
+@dataclass
+class FakeContainer:
+    spec: ContainerSpec
+    id: str
+    state: str = "created"
+    exit_code: int = 0
+    files: dict[str, bytes] = field(default_factory=dict)
+    logs: str = ""
+    started_at: str = ""
+
+    def view(self) -> Container:
+        return Container(
+            self.id,
+            self.spec.name,
+            dict(self.spec.labels),
+            self.state,
+            self.exit_code,
+            "2026-01-01T00:00:00Z",
+            self.spec.image,
+            "10.0.0.2" if self.state == "running" else None,
+        )
+
+
+class FakeStream:
+    """Yields the events given, then blocks (as the engine's stream does) until closed."""
+
+    def __init__(self, events: list[Event]):
+        self.events = events
+        self._closed = threading.Event()
+
+    def __iter__(self) -> Iterator[Event]:
+        yield from self.events
+        self._closed.wait(0.2)
+
+    def close(self) -> None:
+        self._closed.set()
+
+
+class FakeProvider:
+    def __init__(self, cpus: int = 8, memory_mib: int = 16384):
+        self.up = True
+        self.info_ = EngineInfo("fake", "26.1", "Debian", "x86_64", cpus, memory_mib * 2**20)
+        self.containers_: dict[str, FakeContainer] = {}
+        self.networks_: dict[str, Network] = {}
+        self.volumes_: dict[str, Volume] = {}
+        self.images: dict[str, str] = {}
+        self.exec_handler: Callable[[FakeContainer, list[str]], ExecResult] | None = None
+        self.on_start: list[Callable[[FakeContainer], None]] = []
+        self.fail_create: Callable[[ContainerSpec], EngineError | None] = lambda spec: None
+        self.fail_start: Callable[[FakeContainer], EngineError | None] = lambda c: None
+        self.events_: list[Event] = []
+        self.calls: list[tuple[str, str]] = []
+        self.lock = threading.RLock()
+
+    # -- engine
+    def _check(self) -> None:
+        if not self.up:
+            raise EngineUnavailable("cannot reach a Docker engine (fake engine down)")
+
+    def ping(self) -> None:
+        self._check()
+
+    def info(self) -> EngineInfo:
+        self._check()
+        return self.info_
+
+    # -- networks, volumes
+    def create_network(self, name: str, labels: dict[str, str]) -> str:
+        self._check()
+        if name in self.networks_:
+            raise EngineError(f"network {name} exists", 409)
+        self.networks_[name] = Network(f"net{next(_ids)}", name, dict(labels))
+        return self.networks_[name].id
+
+    def remove_network(self, name_or_id: str) -> None:
+        for k, n in list(self.networks_.items()):
+            if name_or_id in (k, n.id):
+                del self.networks_[k]
+
+    def networks(self, cluster: str | None = None) -> list[Network]:
+        return [n for n in self.networks_.values() if _match(n.labels, cluster)]
+
+    def create_volume(self, name: str, labels: dict[str, str]) -> None:
+        self.volumes_[name] = Volume(name, dict(labels))
+
+    def remove_volume(self, name: str) -> None:
+        self.volumes_.pop(name, None)
+
+    def volumes(self, cluster: str | None = None) -> list[Volume]:
+        return [v for v in self.volumes_.values() if _match(v.labels, cluster)]
+
+    # -- containers
+    def _get(self, ref: str) -> FakeContainer:
+        with self.lock:
+            for c in self.containers_.values():
+                if ref in (c.id, c.spec.name):
+                    return c
+        raise ObjectMissing(f"no such container {ref}")
+
+    def create_container(self, spec: ContainerSpec) -> str:
+        self._check()
+        if spec.image not in self.images and not spec.image.startswith("keep:"):
+            raise ObjectMissing(f"create container {spec.name}: no such image {spec.image}")
+        if err := self.fail_create(spec):
+            raise err
+        with self.lock:
+            if any(c.spec.name == spec.name for c in self.containers_.values()):
+                raise EngineError(f"create container {spec.name}: name in use", 409)
+            cid = f"{next(_ids):08x}" + "0" * 56
+            self.containers_[cid] = FakeContainer(spec, cid)
+        self.calls.append(("create", spec.name))
+        return cid
+
+    def start(self, container: str) -> None:
+        self._check()
+        c = self._get(container)
+        if err := self.fail_start(c):
+            raise err
+        c.state, c.exit_code = "running", 0
+        c.started_at = str(time.monotonic())
+        self.calls.append(("start", c.spec.name))
+        for hook in self.on_start:
+            hook(c)
+
+    def restart(self, container: str, timeout: int = 2) -> None:
+        self.start(container)
+        self.calls.append(("restart", self._get(container).spec.name))
+
+    def kill(self, container: str) -> None:
+        try:
+            c = self._get(container)
+        except ObjectMissing:
+            return
+        if c.state == "running":
+            c.state, c.exit_code = "exited", 137
+
+    def remove_container(self, container: str) -> None:
+        try:
+            c = self._get(container)
+        except ObjectMissing:
+            return
+        with self.lock:
+            self.containers_.pop(c.id, None)
+        self.calls.append(("remove", c.spec.name))
+
+    def containers(self, cluster: str | None = None, extra_labels: dict[str, str] | None = None) -> list[Container]:
+        self._check()
+        with self.lock:
+            out = list(self.containers_.values())
+        return [
+            c.view()
+            for c in out
+            if _match(c.spec.labels, cluster)
+            and all(c.spec.labels.get(k) == v for k, v in (extra_labels or {}).items())
+        ]
+
+    def inspect(self, container: str) -> ContainerDetails:
+        c = self._get(container)
+        s = c.spec
+        return ContainerDetails(
+            c.id,
+            s.name,
+            s.image,
+            dict(s.labels),
+            ContainerState(c.state, c.state == "running", c.exit_code, False, c.started_at, ""),
+            Limits(int((s.cpu_limit or 0) * 1e9), s.cpu_quota or 0, s.cpu_period or 0, s.memory_bytes or 0),
+        )
+
+    def logs(self, container: str, tail: int | str = "all") -> str:
+        return self._get(container).logs
+
+    def put_files(self, container: str, directory: str, files: dict[str, tuple[bytes, int, int]]) -> None:
+        c = self._get(container)
+        for name, (data, _, _) in files.items():
+            c.files[f"{directory.rstrip('/')}/{name}"] = data
+
+    def get_file(self, container: str, path: str) -> bytes:
+        c = self._get(container)
+        if path not in c.files:
+            raise ObjectMissing(f"read {container}:{path}")
+        return c.files[path]
+
+    def get_dir(self, container: str, path: str) -> dict[str, bytes]:
+        c = self._get(container)
+        pre = path.rstrip("/") + "/"
+        out = {k[len(pre) :]: v for k, v in c.files.items() if k.startswith(pre)}
+        if path in c.files:
+            out[Path(path).name] = c.files[path]
+        return out
+
+    # -- exec
+    def exec(
+        self,
+        container: str,
+        cmd: list[str],
+        *,
+        user: str = "root",
+        workdir: str | None = None,
+        environment: dict[str, str] | None = None,
+        stdin: bytes | None = None,
+    ) -> ExecResult:
+        self._check()
+        c = self._get(container)
+        if c.state != "running":
+            raise EngineError(f"run {cmd[0]} in {container}: container is not running", 409)
+        self.calls.append(("exec", " ".join(cmd)))
+        if self.exec_handler is None:
+            return ExecResult(0, "")
+        return self.exec_handler(c, cmd)
+
+    def exec_stream(
+        self,
+        container: str,
+        cmd: list[str],
+        *,
+        user: str = "root",
+        workdir: str | None = None,
+        environment: dict[str, str] | None = None,
+    ) -> ExecHandle:
+        res = self.exec(container, cmd, user=user)
+        self._last_code = res.exit_code
+        return ExecHandle(iter([(res.output.encode(), None)]), f"ex{next(_ids)}")
+
+    def exec_exit_code(self, handle: ExecHandle) -> int:
+        return getattr(self, "_last_code", 0)
+
+    def exec_interactive(self, container: str, cmd: list[str], **kw: Any) -> int:
+        return self.exec(container, cmd).exit_code
+
+    def events(self, cluster: str | None = None) -> FakeStream:
+        self._check()
+        return FakeStream([e for e in self.events_ if _match(e.labels, cluster)])
+
+    # -- images
+    def image_id(self, ref: str) -> str | None:
+        return self.images.get(ref)
+
+    def pull(self, repo: str, tag: str) -> None:
+        raise EngineError(f"pull {repo}:{tag}: no registry", 500)
+
+    def import_image(self, tar_path: Path, repo: str, tag: str, changes: list[str]) -> None:
+        self.images[f"{repo}:{tag}"] = f"sha256:{next(_ids)}"
+
+    def build_image(
+        self, context: Path, tag: str, target: str | None, buildargs: dict[str, str], log: Callable[[str], None]
+    ) -> None:
+        log(f"Step 1/1 : FROM {buildargs.get('BASE')}")
+        self.images[tag] = f"sha256:{next(_ids)}"
+
+    def tag_image(self, ref: str, repo: str, tag: str) -> None:
+        self.images[f"{repo}:{tag}"] = self.images[ref]
+
+    def save_images(self, refs: list[str]) -> Iterator[bytes]:
+        for r in refs:
+            yield f"{r}={self.images[r]}\n".encode()
+
+    def load_images(self, data: IO[bytes] | bytes) -> list[str]:
+        raw = data if isinstance(data, bytes) else data.read()
+        for line in raw.decode().splitlines():
+            ref, iid = line.split("=")
+            self.images[ref] = iid
+        return ["loaded"]
+
+    def read_image_file(self, ref: str, path: str) -> bytes:
+        return b"Package: slurmd\nStatus: install ok installed\nVersion: 24.11.5-4\n"
+
+    # -- test helpers
+    def node(self, cluster: str, node: str) -> FakeContainer:
+        return self._get(f"hp-{cluster}-{node}")
+
+    def die(self, cluster: str, node: str, code: int = 137) -> FakeContainer:
+        c = self.node(cluster, node)
+        c.state, c.exit_code = "exited", code
+        return c
+
+
+def _match(labels: dict[str, str], cluster: str | None) -> bool:
+    return labels.get(L_CLUSTER) == cluster if cluster else labels.get(L_MANAGED) == "1"
+
+
+class FakeSlurm:
+    """One cluster's Slurm, in memory. Shared by every SlurmCli-like handle of the world."""
+
+    def __init__(self) -> None:
+        self.up = True
+        self.nodes_: dict[str, SlurmNode] = {}
+        self.jobs: dict[int, JobInfo] = {}
+        self.auto_register = True
+        self.pingable: set[str] = set()  # containers (login nodes) from which slurmctld answers
+        self.calls: list[tuple[str, tuple[str, ...]]] = []
+        self.next_job = 1
+
+    def _check(self) -> None:
+        if not self.up:
+            raise OperationFailed("scontrol: Unable to contact slurm controller (fake)")
+
+    def ping(self) -> bool:
+        return self.up
+
+    def ping_from(self, container: str) -> bool:
+        return self.up
+
+    def nodes(self) -> list[SlurmNode]:
+        self._check()
+        return list(self.nodes_.values())
+
+    def job(self, job_id: int) -> JobInfo | None:
+        self._check()
+        return self.jobs.get(job_id)
+
+    def drain(self, nodes: list[str], reason: str) -> None:
+        if not nodes:
+            return
+        self._check()
+        self.calls.append(("drain", tuple(nodes)))
+        for n in nodes:
+            if n not in self.nodes_:
+                raise OperationFailed(f"scontrol update nodename={n}: Invalid node name specified")
+            sn = self.nodes_[n]
+            flags = tuple(f for f in sn.state[1:] if f != "DRAIN") + ("DRAIN",)
+            self.nodes_[n] = replace(sn, state=(sn.state[0], *flags), reason=reason)
+
+    def resume(self, nodes: list[str]) -> None:
+        if not nodes:
+            return
+        self._check()
+        self.calls.append(("resume", tuple(nodes)))
+        for n in nodes:
+            sn = self.nodes_[n]
+            base = "IDLE" if sn.base == "DOWN" else sn.base
+            self.nodes_[n] = replace(sn, state=(base, *[f for f in sn.state[1:] if f not in ("DRAIN", "FAIL")]))
+
+    def delete(self, nodes: list[str]) -> None:
+        if not nodes:
+            return
+        self._check()
+        self.calls.append(("delete", tuple(nodes)))
+        for n in nodes:
+            self.nodes_.pop(n, None)
+
+    def submit(
+        self, container: str, script: str, output: str, args: list[str], user: str, workdir: str, env: dict[str, str]
+    ) -> tuple[int | None, str]:
+        self._check()
+        jid = self.next_job
+        self.next_job += 1
+        self.jobs[jid] = JobInfo(jid, "COMPLETED", "cpu-1", 0)
+        return jid, f"{jid}\n"
+
+    def cancel(self, container: str, job_id: int, user: str) -> None:
+        self.calls.append(("cancel", (str(job_id),)))
+
+    def show_node(self, node: str) -> str:
+        return f"NodeName={node}\n"
+
+    def overview(self) -> dict[str, str]:
+        return {"sinfo.txt": "sinfo\n", "squeue.txt": "squeue\n"}
+
+    # -- what slurmd does when its container starts
+    def register(self, c: FakeContainer) -> None:
+        if not self.auto_register or c.spec.labels.get("io.hp.role") != "worker":
+            return
+        conf = c.spec.environment.get("HP_SLURMD_CONF", "")
+        drained = " State=DRAIN" in conf
+        reason = conf.split("Reason=", 1)[1] if "Reason=" in conf else ""
+        name = c.spec.hostname or ""
+        old = self.nodes_.get(name)
+        if old is not None and old.drained and not drained:  # a dynamic node's DRAIN survives a restart
+            self.nodes_[name] = replace(old, state=("IDLE", "DRAIN"))
+            return
+        self.nodes_[name] = SlurmNode(name, ("IDLE", "DRAIN") if drained else ("IDLE",), reason)
+
+    def set(self, node: str, *state: str, reason: str = "") -> None:
+        self.nodes_[node] = SlurmNode(node, tuple(state), reason)
+
+
+class FakeAgents:
+    def __init__(self) -> None:
+        self.ensured: list[str] = []
+        self.poked: list[str] = []
+        self.stopped: list[str] = []
+
+    def ensure(self, name: str) -> dict:
+        self.ensured.append(name)
+        return {"Alive": True, "Pid": 1, "Restarted": False}
+
+    def poke(self, name: str) -> None:
+        self.poked.append(name)
+
+    def stop(self, name: str) -> None:
+        self.stopped.append(name)
+
+    @contextmanager
+    def creation_lock(self, name: str) -> Iterator[None]:
+        yield
+
+
+@dataclass
+class World:
+    env: Env
+    provider: FakeProvider
+    slurm: FakeSlurm
+    agents: FakeAgents
+    home: Path
+
+
+NODE_IMAGE_NAMES = ("controller", "login", "worker", "check-cpu")
+
+
+def world(tmp_path: Path, cpus: int = 8, memory_mib: int = 16384, build: bool = True) -> World:
+    """An Env on fakes, with a private store; the images built when `build`."""
+    p = FakeProvider(cpus, memory_mib)
+    slurm = FakeSlurm()
+    p.on_start.append(slurm.register)
+    agents = FakeAgents()
+    home = tmp_path / "hphome"
+    env = Env(provider=p, store=Store(home), slurm_factory=lambda prov, ctl: slurm, agents=agents)
+    p.images["debian:trixie-slim"] = "sha256:base"
+    if build:
+        env.images.build(log=lambda s: None)
+    return World(env, p, slurm, agents, home)
+
+
+def spec_doc(name: str, groups: list[tuple[str, str, int]] | None = None, login: bool = True, **top: Any) -> dict:
+    igs: list[dict[str, Any]] = [
+        {
+            "InstanceGroupName": "controller",
+            "InstanceType": "cpu.small",
+            "InstanceCount": 1,
+            "SlurmConfig": {"NodeType": "Controller"},
+        }
+    ]
+    if login:
+        igs.append(
+            {
+                "InstanceGroupName": "login",
+                "InstanceType": "cpu.nano",
+                "InstanceCount": 1,
+                "SlurmConfig": {"NodeType": "Login"},
+            }
+        )
+    for g, t, n in groups or [("cpu", "cpu.nano", 2)]:
+        igs.append(
+            {
+                "InstanceGroupName": g,
+                "InstanceType": t,
+                "InstanceCount": n,
+                "SlurmConfig": {"NodeType": "Compute", "PartitionNames": [g]},
+            }
+        )
+    return {"ClusterName": name, "InstanceGroups": igs, **top}

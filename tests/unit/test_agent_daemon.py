@@ -1,0 +1,80 @@
+"""The agent's loop on the fakes: it scales a group up, marks a cluster InService, stops
+when its cluster is deleted, and its on-start queue checks joined nodes."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from fakes import spec_doc, world
+
+from orchestrator.agent import onstart as onstart_mod
+from orchestrator.agent.daemon import Agent
+from orchestrator.agent.onstart import OnStartQueue
+from orchestrator.cluster.context import Cluster
+from orchestrator.cluster.create import CreateOptions, create
+from orchestrator.cluster.scaling import scale
+from orchestrator.errors import OperationFailed
+from orchestrator.spec.model import validate
+
+
+def until(cond, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.02)
+
+
+def test_agent_scales_up_and_exits_when_the_cluster_goes(tmp_path):
+    w = world(tmp_path)
+    create(w.env, validate(spec_doc("lab"), w.env.catalogue), CreateOptions(timeout=5))
+    agent = Agent(w.env, "lab")
+    t = threading.Thread(target=agent.run, daemon=True)
+    t.start()
+    scale(w.env, "lab", "cpu", 4)
+    agent.kick()
+    until(lambda: sum(1 for c in w.provider.containers("lab") if c.group == "cpu" and c.running) == 4)
+    until(lambda: not w.env.store.operations("lab"))  # the scale operation closed
+    w.env.store.set_status("lab", "Deleting")
+    agent.kick()
+    t.join(5)
+    assert not t.is_alive()
+    agent.stop.set()
+
+
+def test_agent_waits_while_the_controller_does_not_answer(tmp_path):
+    w = world(tmp_path)
+    create(w.env, validate(spec_doc("lab"), w.env.catalogue), CreateOptions(timeout=5))
+    w.slurm.up = False
+    agent = Agent(w.env, "lab")
+    assert agent._slurm_nodes(Cluster(w.env, "lab")) is None  # unknown for now, never "no nodes"
+
+
+def test_onstart_queue_batches_retries_when_busy_and_reports_failures(monkeypatch):
+    monkeypatch.setattr(onstart_mod, "RETRY_BUSY_S", 0.0)
+
+    class Busy(Exception):
+        pass
+
+    seen, errors = [], []
+    answers = [Busy(), None, OperationFailed("controller down")]
+
+    def check(nodes):
+        seen.append(list(nodes))
+        a = answers.pop(0)
+        if a is not None:
+            raise a
+
+    q = OnStartQueue(check, Busy, lambda batch, e: errors.append((batch, str(e))), threading.Event())
+    q.add("cpu-1")
+    q.add("cpu-2")
+    q.add("cpu-1")  # never twice
+    q.run_once()  # busy: the batch goes back
+    q.run_once()  # checked
+    assert seen == [["cpu-1", "cpu-2"], ["cpu-1", "cpu-2"]]
+    q.add("cpu-3")
+    q.run_once()
+    assert errors == [(["cpu-3"], "controller down")]
+    q.run_once()  # nothing queued: nothing done
+    assert len(seen) == 3

@@ -1,0 +1,208 @@
+"""Recovery on the fakes: reboot, replace, recover, what a request by hand refuses, and the
+watcher's observations (a dead container, a node Slurm forgot, an admin's Action:*)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from fakes import spec_doc, world
+
+from orchestrator.cluster.context import Cluster
+from orchestrator.cluster.create import CreateOptions, create
+from orchestrator.docker.views import Event
+from orchestrator.errors import BadInput, EngineError, OperationFailed
+from orchestrator.recovery import actions, by_hand
+from orchestrator.recovery.rules import REBOOT, RECOVER, REPLACE
+from orchestrator.recovery.watcher import RecoveryWatcher
+from orchestrator.spec.model import validate
+from orchestrator.state.phases import Phase
+
+
+@pytest.fixture
+def w(tmp_path, monkeypatch):
+    monkeypatch.setattr(actions, "POLL_S", 0.001)
+    w = world(tmp_path)
+    create(w.env, validate(spec_doc("lab"), w.env.catalogue), CreateOptions(timeout=5))
+    return w
+
+
+def phase(w, node):
+    return w.env.store.latest_phases("lab")[node][0]
+
+
+def test_reboot_restarts_the_container_and_waits_for_slurm(w):
+    c = Cluster(w.env, "lab")
+    cid = w.provider.node("lab", "cpu-1").id
+    w.provider.die("lab", "cpu-1")
+    assert actions.reboot(c, "cpu-1", "container died", wait=2)
+    assert w.provider.node("lab", "cpu-1").id == cid and phase(w, "cpu-1") == "Running"
+    assert ("delete", ("cpu-1",)) in w.slurm.calls  # forgotten first: it registers afresh
+    assert any("was rebooted: container died" in e.description for e in w.env.store.events("lab"))
+
+
+def test_reboot_keeping_the_node_drained_for_a_health_check(w):
+    c = Cluster(w.env, "lab")
+    assert actions.reboot(c, "cpu-2", "check failed", wait=2, keep_drained="hp-health:hc-1:InstanceStress")
+    sn = w.slurm.nodes_["cpu-2"]
+    assert sn.drained and sn.reason == "hp-health:hc-1:InstanceStress"
+
+
+def test_replace_makes_a_new_container_under_the_same_name(w):
+    c = Cluster(w.env, "lab")
+    old = w.provider.node("lab", "cpu-1").id
+    assert actions.replace(c, "cpu-1", "bad node", wait=2)
+    new = w.provider.node("lab", "cpu-1")
+    assert new.id != old and new.state == "running" and phase(w, "cpu-1") == "Running"
+    assert any(f"was replaced by i-{new.id[:17]}" in e.description for e in w.env.store.events("lab"))
+    with pytest.raises(BadInput, match="can be rebooted"):
+        actions.replace(c, "controller-1", "no", wait=1)
+
+
+def test_recover_replaces_when_the_reboot_does_not_bring_the_node_back(w):
+    c = Cluster(w.env, "lab")
+    w.slurm.auto_register = False
+    registered = []
+
+    def only_new(cont):  # the old container never registers again; a fresh one does
+        if cont.id != old:
+            w.slurm.auto_register = True
+            w.slurm.register(cont)
+            registered.append(cont.id)
+
+    old = w.provider.node("lab", "cpu-1").id
+    w.provider.on_start.append(only_new)
+    assert actions.recover(c, "cpu-1", "slurmd down", wait=0.3)
+    assert registered and phase(w, "cpu-1") == "Running"
+    hist = [p for p, _, _ in w.env.store.node_history("lab", "cpu-1")]
+    assert hist[-3:] == ["Rebooting", "Replacing", "Running"]
+
+
+def test_a_replacement_that_cannot_launch_goes_back_to_the_reconciler(w):
+    c = Cluster(w.env, "lab")
+    w.provider.fail_create = lambda spec: EngineError("disk full", 500)
+    assert not actions.replace(c, "cpu-2", "bad", wait=1)
+    assert phase(w, "cpu-2") == "LaunchFailed"
+
+
+def test_controller_reboot_re_registers_workers_it_forgot(w):
+    c = Cluster(w.env, "lab")
+    w.slurm.nodes_.pop("cpu-2")  # slurmctld killed before saving state forgets a dynamic node
+    assert actions.reboot(c, "controller-1", "container died", wait=2)
+    assert "cpu-2" in w.slurm.nodes_ and phase(w, "cpu-2") == "Running"
+
+
+def test_by_hand_checks_the_whole_request_first(w):
+    with pytest.raises(BadInput) as e:
+        by_hand.run(w.env, "replace", "lab", ["controller-1", "cpu-9", "cpu-1"], "x", 0)
+    assert len(e.value.problems) == 3  # the timeout, the controller, the unknown node
+    w.env.store.set_phase("lab", "cpu-1", Phase.CHECKING, "hc-1")
+    w.env.store.set_phase("lab", "cpu-1", Phase.RUNNING, "")
+    w.env.store.set_phase("lab", "cpu-1", Phase.SHUTTING_DOWN, "scale-down")
+    with pytest.raises(BadInput, match="ShuttingDown"):
+        by_hand.run(w.env, "reboot", "lab", ["cpu-1"], "x", 5)
+    rows = by_hand.run(w.env, "reboot", "lab", ["cpu-2", "cpu-2"], "x", 2)
+    assert rows == [
+        {
+            "SlurmNodeName": "cpu-2",
+            "Action": "reboot",
+            "Succeeded": True,
+            "NodeId": "i-" + w.provider.node("lab", "cpu-2").id[:17],
+        }
+    ]
+    with pytest.raises(OperationFailed, match="not back in service after reboot: cpu-2"):
+        by_hand.check_all_back("lab", "reboot", [{**rows[0], "Succeeded": False}])
+
+
+def test_targets_without_a_container(w):
+    c = Cluster(w.env, "lab")
+    w.provider.remove_container("hp-lab-cpu-2")
+    t = actions.target(c, "cpu-2")
+    assert t.container is None and t.role == "worker" and t.label() == "Instance (none) (cpu-2)"
+    assert not actions.reboot(c, "cpu-2", "x", wait=1)
+    with pytest.raises(BadInput):
+        actions.target(c, "gpu-1")
+
+
+# -- the watcher ------------------------------------------------------------------------
+def watcher(w, calls):
+    def act(cluster, action, node, why, wait):
+        calls.append((action, node, why))
+        return True
+
+    return RecoveryWatcher(w.env, "lab", act=act)
+
+
+def join(wt):
+    for t in list(wt._busy.values()):
+        t.join(2)
+
+
+def test_watcher_recovers_a_dead_worker_and_reboots_a_dead_controller(w):
+    calls: list = []
+    wt = watcher(w, calls)
+    w.provider.die("lab", "cpu-1")
+    w.provider.die("lab", "controller-1")
+    w.slurm.up = False
+    assert wt.poll()
+    join(wt)
+    assert sorted(a[:2] for a in calls) == [(REBOOT, "controller-1"), (RECOVER, "cpu-1")]
+
+
+def test_watcher_honours_an_admins_action_and_leaves_a_hold_alone(w):
+    calls: list = []
+    wt = watcher(w, calls)
+    w.slurm.set("cpu-1", "IDLE", "FAIL", reason="Action:Replace")
+    w.slurm.set("cpu-2", "IDLE", "DRAIN", reason="bad DIMM")
+    wt.poll()
+    join(wt)
+    assert [c[:2] for c in calls] == [(REPLACE, "cpu-1")] and "requested through Slurm" in calls[0][2]
+
+
+def test_watcher_keeps_its_hands_off_nodes_others_own_and_clusters_being_made(w):
+    calls: list = []
+    wt = watcher(w, calls)
+    w.env.store.set_phase("lab", "cpu-1", Phase.CHECKING, "hc-1")
+    w.provider.die("lab", "cpu-1")
+    wt.poll()
+    join(wt)
+    assert calls == []
+    w.env.store.set_status("lab", "Creating")
+    w.provider.die("lab", "cpu-2")
+    assert wt.poll() and calls == []
+    w.env.store.remove_cluster("lab")
+    assert wt.poll() is False  # gone: the watch ends
+
+
+def test_watcher_acts_on_docker_die_events(w):
+    calls: list = []
+    wt = watcher(w, calls)
+    c = w.provider.die("lab", "cpu-2")
+    wt.on_event(Event("oom", c.id, dict(c.spec.labels), time.time()))
+    wt.on_event(Event("die", c.id, dict(c.spec.labels), time.time(), 137))
+    join(wt)
+    assert calls and calls[0][:2] == (RECOVER, "cpu-2") and "out of memory" in calls[0][2]
+    wt.on_event(Event("start", c.id, dict(c.spec.labels), time.time()))  # not a fault
+    wt.on_event(Event("die", c.id, {"io.hp.role": "check"}, time.time()))  # not a node
+    join(wt)
+    assert len(calls) == 1
+
+
+def test_watcher_runs_until_stopped_and_reports_a_bug_in_an_action(w):
+    def buggy(cluster, action, node, why, wait):
+        raise TypeError("a bug")
+
+    wt = RecoveryWatcher(w.env, "lab", act=buggy)
+    w.provider.die("lab", "cpu-1")
+    stop = threading.Event()
+    t = threading.Thread(target=wt.run, args=(stop,))
+    t.start()
+    deadline = time.monotonic() + 5
+    while not any("internal error" in e.description for e in w.env.store.events("lab")) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    stop.set()
+    t.join(5)
+    bug = next(e.description for e in w.env.store.events("lab") if "internal error" in e.description)
+    assert "reboot of cpu-1" in bug or "recover of cpu-1" in bug
+    assert wt._retry_at.get("cpu-1", 0) > time.time()  # backed off like a failure: not retried in a loop
