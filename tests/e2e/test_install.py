@@ -30,7 +30,9 @@ def test_wheel_installed_elsewhere_builds_creates_runs_and_deletes(docker_ok, tm
     env = {**os.environ, "HP_HOME": str(home), "NO_COLOR": "1"}
     env.pop("PYTHONPATH", None)
     # the package is the installed one, not this checkout
-    where = run([str(venv / "bin" / "python"), "-c", "import orchestrator; print(orchestrator.__file__)"], cwd=work, env=env)
+    where = run(
+        [str(venv / "bin" / "python"), "-c", "import orchestrator; print(orchestrator.__file__)"], cwd=work, env=env
+    )
     assert str(ROOT) not in where.stdout and "site-packages" in where.stdout
     built = run([hp, "images", "build"], cwd=work, env=env)
     assert "hp-worker:" in built.stdout

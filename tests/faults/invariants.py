@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import docker
-
 from conftest import Hp
 
 
@@ -41,8 +40,14 @@ def observe(hp: Hp, name: str) -> Seen:
         have = sorted(n for n, c in by_node.items() if n.rsplit("-", 1)[0] == g)
         if len(have) != t:
             problems.append(f"group {g}: {len(have)} containers {have}, target {t}")
-    problems += [f"{c.name} is {c.status}" for c in cs if c.labels.get("io.hp.role") != "check" and c.status != "running"]
-    active = [r for r in (hp.json("health-check", "status", name).get("Request") or {},) if r.get("State") in ("Pending", "Running")]
+    problems += [
+        f"{c.name} is {c.status}" for c in cs if c.labels.get("io.hp.role") != "check" and c.status != "running"
+    ]
+    active = [
+        r
+        for r in (hp.json("health-check", "status", name).get("Request") or {},)
+        if r.get("State") in ("Pending", "Running")
+    ]
     if roles.get("check") and not active:
         problems.append(f"check containers left: {[c.name for c in roles['check']]}")
     ctl = next(iter(roles.get("controller", [])), None)
@@ -59,7 +64,9 @@ def observe(hp: Hp, name: str) -> Seen:
         if st & {"NOT_RESPONDING", "DOWN", "DRAIN", "FAIL"} or "IDLE" not in st:
             problems.append(f"{n} is {sorted(st)} ({sn.get('reason') or ''}) in Slurm")
     views = hp.json("nodes", name)["ClusterNodeSummaries"]
-    problems += [f"{v['SlurmNodeName']} shows {v['InstanceStatus']}" for v in views if v["InstanceStatus"]["Status"] != "Running"]
+    problems += [
+        f"{v['SlurmNodeName']} shows {v['InstanceStatus']}" for v in views if v["InstanceStatus"]["Status"] != "Running"
+    ]
     return Seen(problems, {n: c.status for n, c in workers.items()})
 
 

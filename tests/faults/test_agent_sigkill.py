@@ -27,8 +27,9 @@ def test_agent_sigkill_at_random_moments(hp, tmp_path):
     rnd = random.Random(SEED)
     print(f"\nfault campaign: seed {SEED}, {POINTS} points (replay: HP_FAULT_SEED={SEED})", file=sys.stderr)
     name = hp.name("fk")
-    doc = small_spec(name, [("cpu", "cpu.nano", 2), ("chk", "cpu.nano", 0)], login=False,
-                     NodeProvisioningMode="Continuous")
+    doc = small_spec(
+        name, [("cpu", "cpu.nano", 2), ("chk", "cpu.nano", 0)], login=False, NodeProvisioningMode="Continuous"
+    )
     doc["InstanceGroups"][0]["InstanceType"] = "cpu.nano"
     doc["InstanceGroups"][2]["OnStartDeepHealthChecks"] = ["InstanceStress"]
     spec = write_spec(tmp_path / "s.json", doc)
@@ -43,8 +44,10 @@ def test_agent_sigkill_at_random_moments(hp, tmp_path):
         killed = kill_agent(hp, name)
         took = converge(hp, name, timeout=150)
         times.setdefault(what, []).append(took)
-        line = f"point {i:3d} {what:<14} kill after {delay:4.2f} s (agent pid {killed}): converged in {took:5.1f} s " \
-               f"({time.monotonic() - t0:5.1f} s in all)"
+        line = (
+            f"point {i:3d} {what:<14} kill after {delay:4.2f} s (agent pid {killed}): converged in {took:5.1f} s "
+            f"({time.monotonic() - t0:5.1f} s in all)"
+        )
         lines.append(line)
         print(line, file=sys.stderr)
 
@@ -63,7 +66,7 @@ def test_agent_sigkill_at_random_moments(hp, tmp_path):
             nodes = sorted(n["SlurmNodeName"] for n in hp.json("nodes", name, "--group", "cpu")["ClusterNodeSummaries"])
             victim = rnd.choice(nodes)
             counts["cpu"] -= 1
-            point(i, "delete-nodes", lambda: hp("delete-nodes", name, victim, check=True))
+            point(i, "delete-nodes", lambda victim=victim: hp("delete-nodes", name, victim, check=True))
         else:
             counts["chk"] = 1 if counts["chk"] == 0 else 0
             point(i, "on-start", lambda: hp("scale", name, "chk", str(counts["chk"]), check=True))

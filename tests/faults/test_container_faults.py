@@ -14,7 +14,6 @@ import threading
 import time
 
 import pytest
-
 from conftest import small_spec, write_spec
 from invariants import converge
 
@@ -50,8 +49,10 @@ def test_kill_and_pause_of_controller_and_workers(hp, tmp_path, fault):
         docker(fault, f"hp-{name}-{node}")
         took = converge(hp, name, timeout=120)
         job = job_runs(hp, name, 3)
-        out.append(f"docker {fault} {node}: converged in {took:.1f} s, srun -N3 ran {job:.1f} s later "
-                   f"({time.monotonic() - t0:.1f} s in all)")
+        out.append(
+            f"docker {fault} {node}: converged in {took:.1f} s, srun -N3 ran {job:.1f} s later "
+            f"({time.monotonic() - t0:.1f} s in all)"
+        )
     print("\n" + "\n".join(out), file=sys.stderr)
 
 
@@ -64,9 +65,15 @@ def test_concurrent_commands_on_one_cluster(hp, tmp_path):
         if r.returncode not in (0, 1, 2) or "Traceback" in r.stderr:
             errors.append(f"hp {' '.join(args)} -> {r.returncode}: {r.stderr[-500:]}")
 
-    cmds = [("scale", name, "cpu", "5"), ("add-nodes", name, "cpu", "1"), ("delete-nodes", name, "cpu-2"),
-            ("health-check", "start", name, "--node", "cpu-3", "--check", "InstanceStress", "--stress-seconds", "1"),
-            ("reboot", name, "cpu-1", "--timeout", "60"), ("nodes", name), ("scale", name, "cpu", "4")]
+    cmds = [
+        ("scale", name, "cpu", "5"),
+        ("add-nodes", name, "cpu", "1"),
+        ("delete-nodes", name, "cpu-2"),
+        ("health-check", "start", name, "--node", "cpu-3", "--check", "InstanceStress", "--stress-seconds", "1"),
+        ("reboot", name, "cpu-1", "--timeout", "60"),
+        ("nodes", name),
+        ("scale", name, "cpu", "4"),
+    ]
     threads = [threading.Thread(target=run, args=c) for c in cmds]
     for t in threads:
         t.start()
@@ -74,7 +81,9 @@ def test_concurrent_commands_on_one_cluster(hp, tmp_path):
         t.join(300)
     assert errors == []
     took = converge(hp, name, timeout=180)
-    target = next(g for g in hp.json("describe", name)["InstanceGroups"] if g["InstanceGroupName"] == "cpu")["TargetCount"]
+    target = next(g for g in hp.json("describe", name)["InstanceGroups"] if g["InstanceGroupName"] == "cpu")[
+        "TargetCount"
+    ]
     assert target in (4, 5, 3, 6), target  # whichever write landed last; never lost, never doubled
     print(f"\nconcurrent commands: converged in {took:.1f} s at {target} nodes", file=sys.stderr)
 
@@ -85,10 +94,14 @@ def _dockerd_pid() -> int | None:
     return int(pids[0]) if pids else None
 
 
-@pytest.mark.skipif(not (os.environ.get("CI") or os.environ.get("HP_FAULTS_ENGINE_RESTART")),
-                    reason="restarts the machine's Docker engine: only in CI (CI=1) or with HP_FAULTS_ENGINE_RESTART=1")
-@pytest.mark.skipif(shutil.which("systemctl") and subprocess.run(["systemctl", "is-active", "-q", "docker"]).returncode == 0,
-                    reason="dockerd is managed by systemd here")
+@pytest.mark.skipif(
+    not (os.environ.get("CI") or os.environ.get("HP_FAULTS_ENGINE_RESTART")),
+    reason="restarts the machine's Docker engine: only in CI (CI=1) or with HP_FAULTS_ENGINE_RESTART=1",
+)
+@pytest.mark.skipif(
+    shutil.which("systemctl") and subprocess.run(["systemctl", "is-active", "-q", "docker"]).returncode == 0,
+    reason="dockerd is managed by systemd here",
+)
 def test_engine_restart_with_a_cluster_alive(hp, tmp_path):
     name = cluster(hp, tmp_path, workers=2)
     pid = _dockerd_pid()
@@ -99,8 +112,13 @@ def test_engine_restart_with_a_cluster_alive(hp, tmp_path):
     while _dockerd_pid() is not None and time.monotonic() - t0 < 60:
         time.sleep(0.2)
     stopped = time.monotonic() - t0
-    subprocess.Popen(cmdline, stdout=open("/tmp/dockerd.log", "ab"), stderr=subprocess.STDOUT,
-                     start_new_session=True, stdin=subprocess.DEVNULL)
+    subprocess.Popen(
+        cmdline,
+        stdout=open("/tmp/dockerd.log", "ab"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+    )
     t1 = time.monotonic()
     while subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
         assert time.monotonic() - t1 < 60, "dockerd did not come back"
@@ -116,6 +134,9 @@ def test_engine_restart_with_a_cluster_alive(hp, tmp_path):
     ctl_back = time.monotonic() - t1
     job = job_runs(hp, name, 2, timeout=120)
     took = converge(hp, name, timeout=120)
-    print(f"\nengine restart: dockerd stopped in {stopped:.1f} s, answered {engine_back:.1f} s after start; "
-          f"controller back {ctl_back:.1f} s and first srun -N2 {ctl_back + job:.1f} s after the engine started; "
-          f"converged {took:.1f} s later", file=sys.stderr)
+    print(
+        f"\nengine restart: dockerd stopped in {stopped:.1f} s, answered {engine_back:.1f} s after start; "
+        f"controller back {ctl_back:.1f} s and first srun -N2 {ctl_back + job:.1f} s after the engine started; "
+        f"converged {took:.1f} s later",
+        file=sys.stderr,
+    )
