@@ -71,6 +71,9 @@ class Hp:
             raise AssertionError(f"hp {' '.join(args)} exited {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}")
         return r
 
+    def argv(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "orchestrator.cli", *args]
+
     def json(self, *args: str) -> Any:
         r = self(*args, "--json", check=True)
         return json.loads(r.stdout)

@@ -167,14 +167,12 @@ class GroupReconciler:
             return RESYNC
         if ph not in (None, Phase.QUEUED, Phase.LAUNCHING, Phase.LAUNCH_FAILED):
             return RESYNC  # running, or under recovery / health check: not the reconciler's business
-        if ci.state == "created":  # left by a crash between create and start
-            if ph in (None, Phase.LAUNCH_FAILED):
-                self.rec.set(self.group, n, Phase.QUEUED, "container created, not started")
-            if err := self.launcher.start(ci.id):
-                self._failed(n, err, ci)
-                return 0.5
-            self.rec.set(self.group, n, Phase.LAUNCHING, "container started")
-            return 0.3
+        if ci.state == "created":
+            # left by a crash between create and start: its files (the auth key) may not have
+            # been copied yet, so it is removed and the node launched afresh
+            self.c.p.remove_container(ci.id)
+            self.rec.set(self.group, n, Phase.QUEUED, "a container left half-made by a crash was removed")
+            return 0.05
         if ci.dead:
             tail = self.c.p.logs(ci.id, tail=3).strip().replace("\n", " | ")[-300:]
             err = LaunchError(

@@ -56,6 +56,7 @@ INITIAL = frozenset({P.QUEUED, P.REBOOTING, P.REPLACING})
 
 # (from, to): why the edge exists. Anything not listed is a bug, and is refused.
 TRANSITIONS: dict[tuple[Phase, Phase], str] = {
+    (P.QUEUED, P.QUEUED): "still waiting, for another reason",
     (P.QUEUED, P.LAUNCHING): "capacity was reserved and the container created",
     (P.QUEUED, P.LAUNCH_FAILED): "no capacity, or the engine refused the container",
     (P.QUEUED, P.REMOVED): "scaled down before it was launched",

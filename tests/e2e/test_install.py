@@ -22,7 +22,7 @@ def run(cmd: list[str], **kw) -> subprocess.CompletedProcess[str]:
 def test_wheel_installed_elsewhere_builds_creates_runs_and_deletes(docker_ok, tmp_path: Path) -> None:
     dist, venv, work, home = tmp_path / "dist", tmp_path / "venv", tmp_path / "elsewhere", tmp_path / "home"
     work.mkdir()
-    run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation", "-q", "-w", str(dist)])
+    run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "-q", "-w", str(dist)])
     wheel = next(dist.glob("hp-*.whl"))
     run([sys.executable, "-m", "venv", str(venv)])
     run([str(venv / "bin" / "pip"), "install", "-q", str(wheel)])

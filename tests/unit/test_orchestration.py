@@ -193,14 +193,17 @@ def test_a_container_that_exits_at_start_is_retried_and_one_left_created_is_star
     # the node was Running: its death is recovery's business, not the reconciler's
     reconcile(w, "lab", "cpu", passes=1)
     assert phases(w, "lab")["cpu-1"] == "Running"
-    # a crash between create and start leaves a created container: the reconciler starts it
+    # a crash between create and start leaves a created container (maybe without its key):
+    # the reconciler removes it and launches the node afresh
     scale(w.env, "lab", "cpu", 2)
     launcher = Launcher(c, w.env.images.refs())
     w.env.store.set_phase("lab", "cpu-2", "Queued", "")
     launcher.create_many([(c.spec.group("cpu"), 2)])
+    half = w.provider.node("lab", "cpu-2").id
     assert w.provider.node("lab", "cpu-2").state == "created"
-    reconcile(w, "lab", "cpu", passes=2)
-    assert w.provider.node("lab", "cpu-2").state == "running" and phases(w, "lab")["cpu-2"] == "Running"
+    reconcile(w, "lab", "cpu", passes=3)
+    fresh = w.provider.node("lab", "cpu-2")
+    assert fresh.id != half and fresh.state == "running" and phases(w, "lab")["cpu-2"] == "Running"
 
 
 def test_registration_timeout_fails_the_launch(tmp_path, monkeypatch):
