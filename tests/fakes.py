@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import itertools
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -81,6 +82,28 @@ class FakeStream:
         self._closed.set()
 
 
+class FakeLines:
+    """A followed container's output: the lines it had, then what push_log adds,
+    until closed (or its container is removed)."""
+
+    def __init__(self, lines: list[str]):
+        self.q: queue.Queue[str | None] = queue.Queue()
+        for line in lines:
+            self.q.put(line)
+        self.closed = False
+
+    def __iter__(self) -> Iterator[str]:
+        while True:
+            line = self.q.get()
+            if line is None:
+                return
+            yield line
+
+    def close(self) -> None:
+        self.closed = True
+        self.q.put(None)
+
+
 class FakeProvider:
     def __init__(self, cpus: int = 8, memory_mib: int = 16384):
         self.up = True
@@ -94,6 +117,10 @@ class FakeProvider:
         self.fail_create: Callable[[ContainerSpec], EngineError | None] = lambda spec: None
         self.fail_start: Callable[[FakeContainer], EngineError | None] = lambda c: None
         self.events_: list[Event] = []
+        # one-shot containers (run_once): the spec -> what it printed and its exit code
+        self.run_handler: Callable[[ContainerSpec], ExecResult] = lambda spec: ExecResult(0, "")
+        self.runs: list[ContainerSpec] = []
+        self.followers: dict[str, list[FakeLines]] = {}
         self.calls: list[tuple[str, str]] = []
         self.lock = threading.RLock()
 
@@ -186,6 +213,9 @@ class FakeProvider:
             return
         with self.lock:
             self.containers_.pop(c.id, None)
+            followers = self.followers.pop(c.spec.name, [])
+        for f in followers:
+            f.close()
         self.calls.append(("remove", c.spec.name))
 
     def containers(self, cluster: str | None = None, extra_labels: dict[str, str] | None = None) -> list[Container]:
@@ -213,6 +243,21 @@ class FakeProvider:
 
     def logs(self, container: str, tail: int | str = "all") -> str:
         return self._get(container).logs
+
+    def follow_logs(self, container: str, since: float | None = None) -> FakeLines:
+        c = self._get(container)
+        f = FakeLines(c.logs.splitlines())
+        with self.lock:
+            self.followers.setdefault(c.spec.name, []).append(f)
+        return f
+
+    def run_once(self, spec: ContainerSpec, timeout: float = 120.0) -> ExecResult:
+        self._check()
+        if spec.image not in self.images and not spec.image.startswith("keep:"):
+            raise ObjectMissing(f"create container {spec.name}: no such image {spec.image}")
+        self.runs.append(spec)
+        self.calls.append(("run", spec.name))
+        return self.run_handler(spec)
 
     def put_files(self, container: str, directory: str, files: dict[str, tuple[bytes, int, int]]) -> None:
         c = self._get(container)
@@ -310,6 +355,13 @@ class FakeProvider:
         return b"Package: slurmd\nStatus: install ok installed\nVersion: 24.11.5-4\n"
 
     # -- test helpers
+    def push_log(self, container: str, line: str) -> None:
+        """A followed container prints a line."""
+        c = self._get(container)
+        c.logs += line + "\n"
+        for f in self.followers.get(c.spec.name, []):
+            f.q.put(line)
+
     def node(self, cluster: str, node: str) -> FakeContainer:
         return self._get(f"hp-{cluster}-{node}")
 
