@@ -118,7 +118,7 @@ class FakeProvider:
         self.fail_start: Callable[[FakeContainer], EngineError | None] = lambda c: None
         self.events_: list[Event] = []
         # one-shot containers (run_once): the spec -> what it printed and its exit code
-        self.run_handler: Callable[[ContainerSpec], ExecResult] = lambda spec: ExecResult(0, "")
+        self.run_handler: Callable[[ContainerSpec], ExecResult] = lambda spec: ExecResult(0, probe_output())
         self.runs: list[ContainerSpec] = []
         self.followers: dict[str, list[FakeLines]] = {}
         self.calls: list[tuple[str, str]] = []
@@ -371,6 +371,15 @@ class FakeProvider:
         return c
 
 
+def probe_output(
+    devices: tuple[str, ...] = (), ldconfig: str = "", bins: tuple[str, ...] = (), listing: tuple[str, ...] = ()
+) -> str:
+    """What the GPU probe (orchestrator/gpu/host.py PROBE_SCRIPT) prints on a host with
+    these /dev/nvidia* entries, loader-cache lines, binaries and driver-folder files."""
+    parts = ["==machine==", "x86_64", "==devices==", *devices, "==ldconfig==", ldconfig, "==bins==", *bins]
+    return "\n".join([*parts, "==listing==", *(f"/host{x}" for x in listing), "==end==", ""])
+
+
 def _match(labels: dict[str, str], cluster: str | None) -> bool:
     return labels.get(L_CLUSTER) == cluster if cluster else labels.get(L_MANAGED) == "1"
 
@@ -434,6 +443,10 @@ class FakeSlurm:
         self.calls.append(("delete", tuple(nodes)))
         for n in nodes:
             self.nodes_.pop(n, None)
+
+    def reconfigure(self) -> None:
+        self._check()
+        self.calls.append(("reconfigure", ()))
 
     def submit(
         self, container: str, script: str, output: str, args: list[str], user: str, workdir: str, env: dict[str, str]

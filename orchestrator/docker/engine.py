@@ -167,6 +167,9 @@ class DockerEngine:
             host_kw["cap_add"] = spec.cap_add
         if spec.security_opt:
             host_kw["security_opt"] = spec.security_opt
+        for b in spec.binds:  # "host:container:mode"
+            host, ctr, mode = b.rsplit(":", 2)
+            host_kw["binds"][host] = {"bind": ctr, "mode": mode}
         devices = list(spec.devices)
         env = dict(spec.environment)
         if spec.gpus:  # orchestrator/gpu/wiring.GpuWiring: the node's GPUs

@@ -208,6 +208,7 @@ class ContainerSpec:
     network_of: str | None = None
     environment: dict[str, str] = field(default_factory=dict)
     volumes: dict[str, str] = field(default_factory=dict)  # volume name -> mount path
+    binds: list[str] = field(default_factory=list)  # host paths: "host:container:ro" (or rw)
     cpu_limit: float | None = None  # cores (NanoCpus)
     cpu_quota: int | None = None  # or a CFS quota and period
     cpu_period: int | None = None
