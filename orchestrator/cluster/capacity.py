@@ -24,6 +24,7 @@ from ..spec.catalogue import InstanceType
 from ..state.store import Store
 
 LIMITS_KEY = "capacity.limits"
+QUARANTINE_KEY = "capacity.gpu-quarantine"  # GPU id -> why: GPUs a replace-class finding condemned
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,10 @@ def host_pool(provider: Provider, store: Store) -> Pool:
         gpus, models, note = g.ids, g.model_of(), g.why or g.summary()
     except TRANSIENT as e:  # no cached result and the engine failed: no GPU for now
         gpus, models, note = [], {}, f"GPU discovery failed: {str(e)[:200]}"
+    bad = [x for x in gpus if x in quarantined(store)]
+    if bad:
+        gpus = [x for x in gpus if x not in bad]
+        note += f"; {len(bad)} GPU(s) quarantined after a replace-class finding ('hp capacity show')"
     return Pool(cpus=float(info.cpus) * factor, memory_mib=info.memory_mib, gpus=gpus, gpu_models=models, gpu_note=note)
 
 
@@ -144,6 +149,29 @@ def check(itype: InstanceType, pool: Pool, used: Usage, limits: dict[str, int]) 
     return chosen
 
 
+def quarantined(store: Store) -> dict[str, str]:
+    """GPUs kept out of the pool (id -> why): a replace-class finding (uncorrectable ECC,
+    a row-remap failure...) condemned them, so that a replacement node gets other GPUs.
+    `hp capacity release-gpu` puts them back (after the card was fixed or swapped)."""
+    return {str(k): str(v) for k, v in json.loads(store.get(QUARANTINE_KEY) or "{}").items()}
+
+
+def quarantine(store: Store, gpus: list[str], why: str) -> None:
+    cur = quarantined(store)
+    cur.update({g: why[:300] for g in gpus})
+    store.put(QUARANTINE_KEY, json.dumps(cur))
+
+
+def release_gpus(store: Store, gpus: list[str] | None) -> list[str]:
+    """Put quarantined GPUs back into the pool (all when None); the ids released."""
+    cur = quarantined(store)
+    gone = list(cur) if gpus is None else [g for g in gpus if g in cur]
+    for g in gone:
+        cur.pop(g, None)
+    store.put(QUARANTINE_KEY, json.dumps(cur))
+    return gone
+
+
 def limits(store: Store) -> dict[str, int]:
     return {k: int(v) for k, v in json.loads(store.get(LIMITS_KEY) or "{}").items()}
 
@@ -203,6 +231,7 @@ def report(provider: Provider, store: Store, catalogue: dict[str, InstanceType])
             "Gpus": pool.gpus,
             "GpuModels": pool.gpu_models,
             "GpuDiscovery": pool.gpu_note,
+            "GpuQuarantined": quarantined(store),
         },
         "Used": {"Cpus": round(used.cpus, 3), "MemoryMiB": used.memory_mib, "Gpus": sorted(used.gpus)},
         "Types": [
