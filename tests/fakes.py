@@ -380,6 +380,59 @@ def probe_output(
     return "\n".join([*parts, "==listing==", *(f"/host{x}" for x in listing), "==end==", ""])
 
 
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+H200_XML = (FIXTURES / "gpu-h200" / "nvidia-smi-q.xml").read_text()
+H200_UUID = "GPU-3fadaaaa-e57c-b9f1-78a9-3213b39f962c"
+DRIVER_LDCONFIG = (
+    "\tlibnvidia-ml.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1\n"
+    "\tlibcuda.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so.1\n"
+    "\tlibcuda.so.1 (libc6) => /usr/lib/i386-linux-gnu/libcuda.so.1"
+)
+
+
+def h200_xml(n: int = 1) -> str:
+    """The real H200's nvidia-smi -q -x, with its <gpu> copied n times: GPU k gets
+    minor number k, PCI bus 00:0(6+k).0 and a UUID ending in k (k > 0)."""
+    head, rest = H200_XML.split("<gpu id=", 1)
+    body, tail = rest.rsplit("</gpu>", 1)
+    gpus = []
+    for k in range(n):
+        g = "<gpu id=" + body + "</gpu>"
+        if k:
+            g = (
+                g.replace("00:00:06.0", f"00:00:{6 + k:02x}.0")
+                .replace(H200_UUID, H200_UUID[:-1] + str(k))
+                .replace("<minor_number>0</minor_number>", f"<minor_number>{k}</minor_number>")
+            )
+        gpus.append(g)
+    head = head.replace("<attached_gpus>1</attached_gpus>", f"<attached_gpus>{n}</attached_gpus>")
+    return head + "\n".join(gpus) + tail
+
+
+def h200_uuid(k: int) -> str:
+    return H200_UUID if k == 0 else H200_UUID[:-1] + str(k)
+
+
+def gpu_host(p: FakeProvider, n: int = 1, runtime: bool = False) -> None:
+    """Make the fake engine's host one with n H200 GPUs (no NVIDIA toolkit unless
+    `runtime`): the GPU probe finds their device nodes and the driver in the loader
+    cache, and nvidia-smi -q -x in a GPU container prints the real H200's report."""
+    devices = tuple(f"/dev/nvidia{k}" for k in range(n)) + (
+        "/dev/nvidiactl",
+        "/dev/nvidia-uvm",
+        "/dev/nvidia-uvm-tools",
+    )
+    if runtime:
+        p.info_ = replace(p.info_, runtimes=("nvidia", "runc"))
+
+    def handler(spec: ContainerSpec) -> ExecResult:
+        if spec.command and spec.command[0] == "nvidia-smi":
+            return ExecResult(0, h200_xml(n))
+        return ExecResult(0, probe_output(devices, DRIVER_LDCONFIG, ("/usr/bin/nvidia-smi",)))
+
+    p.run_handler = handler
+
+
 def _match(labels: dict[str, str], cluster: str | None) -> bool:
     return labels.get(L_CLUSTER) == cluster if cluster else labels.get(L_MANAGED) == "1"
 

@@ -38,7 +38,7 @@ from ..docker.views import Container, ContainerSpec, LineStream
 from ..errors import TRANSIENT, guarded
 from ..gpu.wiring import GpuWiringError
 from ..health.gpu import FAILING, Finding
-from ..health.gpucheck import node_wiring
+from ..health.gpucheck import condemned_gpus, node_wiring
 from ..health.gpumonitor import MonitorDecision, MonitorState, decide
 from ..naming import L_GPU_MODE, labels, monitor_name
 from ..recovery import actions
@@ -280,18 +280,14 @@ class GpuWatch:
         return MonitorDecision(d.drain, action, action == "replace", d.reason)
 
     def _bad_gpus(self, node: str, cont: Container, findings: list[Finding]) -> list[str]:
-        """The node's GPUs a replace-class finding names (by NVML index, through the
-        last snapshot's UUIDs); all of the node's when it names none."""
+        """The node's GPUs a replace-class finding names (NVML index -> UUID through the
+        monitor's last snapshot); all of the node's when it names none."""
         with self.lock:
             st = self.states.get(node)
-            by_index = {g.index: uuid for uuid, g in (st.last.gpus.items() if st and st.last else ())}
-        named = {
-            by_index.get(f.gpu)
-            for f in findings
-            if f.severity in FAILING and f.action == "replace" and f.gpu is not None
-        }
-        named = {u for u in named if u in cont.gpus}
-        return sorted(named) if named else list(cont.gpus)
+            by_index = {
+                g.index: uuid for uuid, g in (st.last.gpus.items() if st and st.last else ()) if g.index is not None
+            }
+        return condemned_gpus(findings, by_index, cont.gpus)
 
     def act_pending(self) -> None:
         with self.lock:

@@ -201,17 +201,17 @@ def ceiling(itype: InstanceType, pool: Pool) -> tuple[int, str]:
     gone), and what sets that bound. Admin limits (`hp capacity set`) are not bounds:
     they change, and nodes wait for them in continuous mode."""
     bounds = []
-    if itype.cpu_limit > 0:
-        bounds.append((int(pool.cpus // itype.cpu_limit + 1e-9), f"{pool.cpus:g} CPU in the pool"))
-    if itype.memory_mib > 0:
-        bounds.append((pool.memory_mib // itype.memory_mib, f"{pool.memory_mib} MiB of memory"))
-    if itype.gpus:
+    if itype.gpus:  # first: when GPUs bound as tightly as memory, they are what the user must hear about
         have = pool.gpus_of(itype.gpu_model)
         of = f" of model {itype.gpu_model}" if itype.gpu_model else ""
         note = f": {pool.gpu_note}" if not have and pool.gpu_note else ""
         bounds.append(
             (pool.most_of_one_model(itype.gpu_model) // itype.gpus, f"{len(have)} GPU(s){of} on this host{note}")
         )
+    if itype.cpu_limit > 0:
+        bounds.append((int(pool.cpus // itype.cpu_limit + 1e-9), f"{pool.cpus:g} CPU in the pool"))
+    if itype.memory_mib > 0:
+        bounds.append((pool.memory_mib // itype.memory_mib, f"{pool.memory_mib} MiB of memory"))
     if not bounds:
         return 1 << 30, "no bound"
     n, why = min(bounds, key=lambda b: b[0])

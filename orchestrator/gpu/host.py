@@ -435,7 +435,8 @@ def run_discovery(provider: Provider, env: Mapping[str, str] | None = None) -> H
             why=f"nvidia-smi -q -x in a GPU container ({choice.mode} mode) failed: {e}",
         )
     problems = list(driver.version_problems(host.driver_version)) if choice.mode == "devices" else []
-    usable = tuple(g for g in host.gpus if not g.mig_enabled)
+    # what is kept (and cached) of each GPU: identity and wiring, not its health counters
+    usable = tuple(_rec(_rec_doc(g)) for g in host.gpus if not g.mig_enabled)
     if len(usable) < len(host.gpus):
         problems.append(f"{len(host.gpus) - len(usable)} GPU(s) in MIG mode: not used (hp gives whole GPUs)")
     return _with(

@@ -14,6 +14,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from ..cluster import capacity
 from ..cluster.context import Cluster, parallel
 from ..docker.images import CHECK_IMAGES
 from ..errors import TRANSIENT, OperationFailed, report_bug
@@ -58,6 +59,7 @@ class NodeRun:
     # what recovery does when it failed: "" reboot, re-check, then replace (CPU checks);
     # a GPU finding's action: "reboot" (the same), "replace" (at once), "none" (kept drained)
     action: str = ""
+    condemned: list[str] = field(default_factory=list)  # GPUs a replace-class finding names: quarantined
 
 
 class Engine:
@@ -172,7 +174,7 @@ class Engine:
         self.budget.acquire(cpus)
         notes: list[str] = []
         try:
-            v, out, run.action, notes = self.run_stress(run.itype, sc)
+            v, out, run.action, notes, run.condemned = self.run_stress(run.itype, sc)
         except TRANSIENT as e:  # the check could not run (engine, tool): a failed check
             v, out = Verdict(False, [f"check did not run: {e}"]), f"check did not run: {e}"
         except Exception as e:  # noqa: BLE001 - a bug: not a verdict on the node
@@ -184,10 +186,11 @@ class Engine:
         if not v.passed:
             run.failed["InstanceStress"] = v.reasons[0][:150]
 
-    def run_stress(self, itype: InstanceType, sc: sidecar.Sidecar) -> tuple[Verdict, str, str, list[str]]:
+    def run_stress(self, itype: InstanceType, sc: sidecar.Sidecar) -> tuple[Verdict, str, str, list[str], list[str]]:
         """The stress run (and on GPU nodes the GPU check) in the node's check
-        container(s): (verdict, output, recovery action, notes). The action is the GPU
-        findings' when the GPU check failed ("" otherwise: reboot, re-check, replace)."""
+        container(s): (verdict, output, recovery action, notes, condemned GPUs). The
+        action is the GPU findings' when the GPU check failed ("" otherwise: reboot,
+        re-check, replace)."""
         res = sidecar.run(self.c, sc, stress_command(self.opts.stress, sc.limits.granted_cpus))
         out = res.output
         _, _, code = split_output(out)
@@ -195,12 +198,13 @@ class Engine:
         v.reasons += grant_problems(itype, sc.limits, v.figures.get("cpus_used_total"))
         if code == -1 and res.exit_code != 0:
             v.reasons.append(f"the check's wrapper was killed (exit {res.exit_code}): out of memory?")
-        action, notes = "", []
+        action, notes, condemned = "", [], []
         if itype.gpus:
             node = self.c.node_containers().get(sc.node)
             if node is None:
                 raise OperationFailed(f"{sc.node} has no container any more")
-            gv, gout = run_gpu_check(self.c, node, itype, self.rid, GpuCheckOptions(dcgm_level=self.opts.dcgm_level))
+            g = run_gpu_check(self.c, node, itype, self.rid, GpuCheckOptions(dcgm_level=self.opts.dcgm_level))
+            gv, gout, condemned = g.verdict, g.output, g.condemned
             self.gpu_events(sc.node, node.group, gv.findings)
             if not gv.passed:
                 action = strongest(f.action for f in gv.findings if f.severity in FAILING)
@@ -211,7 +215,7 @@ class Engine:
             v.figures.update({f"gpu.{k}": x for k, x in gv.figures.items()})
             out += "\n\n==== GPU ====\n" + gout
         v.passed = not v.reasons
-        return v, out, action, notes
+        return v, out, action, notes, condemned
 
     def gpu_events(self, node: str, group: str, findings: list) -> None:
         """GPU findings to monitor (application XIDs, correctable ECC): an event each,
@@ -387,6 +391,8 @@ def recover(eng: Engine, failed: list[NodeRun], anchor: list[NodeRun], verdicts:
             # the node comes back drained with the check's reason: it takes no job
             # before it has passed the check again
             why_now = f"deep health check {eng.rid} {check} failed: {why}"
+            if action == "replace" and r.condemned:  # the replacement must get other GPUs
+                capacity.quarantine(c.store, r.condemned, f"{r.node}: {why_now}")
             try:
                 return fn(c, r.node, why_now, eng.opts.recovery_wait, keep_drained=eng.label())
             except OperationFailed as e:
@@ -405,7 +411,7 @@ def recover(eng: Engine, failed: list[NodeRun], anchor: list[NodeRun], verdicts:
             if f.error:
                 verdicts[r.node] = Outcome("Error", f.error)
             elif f.failed:
-                r.failed, r.action = f.failed, f.action
+                r.failed, r.action, r.condemned = f.failed, f.action, f.condemned
             else:
                 verdicts[r.node] = Outcome("Passed", f"after {action}")
         eng.release([f.node for f in fresh if f.error or not f.failed])

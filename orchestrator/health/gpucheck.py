@@ -12,9 +12,11 @@ finding, action none: the node stays drained, nothing is rebooted for it).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from ..cluster.context import Cluster
 from ..docker.images import GPU_IMAGES
@@ -80,6 +82,42 @@ def node_model(cluster: Cluster, node: Container) -> str | None:
     return models.get(node.gpus[0]) if node.gpus else None
 
 
+def condemned_gpus(findings: Sequence[Finding], by_index: Mapping[int, str], node_gpus: Sequence[str]) -> list[str]:
+    """The node's GPUs its replace-class findings condemn (to quarantine, so that a
+    replacement gets others): those named by NVML index (through `by_index`: index ->
+    UUID as the check or monitor saw them); every GPU of the node when a finding names
+    none (a GPU missing, a wrong all_reduce)."""
+    bad = [f for f in findings if f.fails and f.action == "replace"]
+    if not bad:
+        return []
+    named = {by_index.get(f.gpu) for f in bad if f.gpu is not None}
+    if any(f.gpu is None for f in bad) or not named <= set(node_gpus):
+        return list(node_gpus)
+    return sorted(u for u in named if u)
+
+
+def uuids_by_index(output: str) -> dict[int, str]:
+    """NVML index -> UUID from the check program's JSON (its last line)."""
+    try:
+        doc = json.loads(output.strip().splitlines()[-1])
+    except (json.JSONDecodeError, IndexError):
+        return {}
+    sw = doc.get("software") if isinstance(doc, dict) else None
+    gpus = sw.get("gpus") if isinstance(sw, dict) else None
+    return {
+        g["index"]: g["uuid"]
+        for g in gpus or []
+        if isinstance(g, dict) and isinstance(g.get("index"), int) and isinstance(g.get("uuid"), str)
+    }
+
+
+@dataclass
+class GpuCheckResult:
+    verdict: GpuVerdict
+    output: str
+    condemned: list[str] = field(default_factory=list)  # GPU ids a replace-class finding names
+
+
 def _setup_failure(code: str, message: str) -> GpuVerdict:
     return make_verdict([Finding(code, "error", "none", message)], {})
 
@@ -106,23 +144,22 @@ def run_dcgm(cluster: Cluster, node: Container, wiring: GpuWiring, rid: str, lev
 
 def run_gpu_check(
     cluster: Cluster, node: Container, itype: InstanceType, rid: str, opts: GpuCheckOptions = GpuCheckOptions()
-) -> tuple[GpuVerdict, str]:
-    """Run and judge one GPU node's check; (verdict, raw output for the record).
-    Engine failures while running it propagate (TRANSIENT: the check did not run)."""
+) -> GpuCheckResult:
+    """Run and judge one GPU node's check. Engine failures while running it propagate
+    (TRANSIENT: the check did not run)."""
     table = thresholds_checked()
     image = image_ref(cluster)
     if not cluster.env.images.exists(image):
         msg = f"the GPU check image {image} is not built ('hp images build --gpu')"
-        return _setup_failure("gpu-check-image-missing", msg), msg
+        return GpuCheckResult(_setup_failure("gpu-check-image-missing", msg), msg)
     try:
         wiring = node_wiring(cluster, node)
     except GpuWiringError as e:
         msg = f"the node's GPUs cannot be given to its check container: {e}"
-        return _setup_failure("gpu-wiring", msg), msg
+        return GpuCheckResult(_setup_failure("gpu-wiring", msg), msg)
     if wiring is None:
         msg = "stand-in GPUs (HP_GPUS): there is no real GPU to check"
-        v = make_verdict([Finding("gpu-stand-in", "warning", "none", msg)], {})
-        return v, msg
+        return GpuCheckResult(make_verdict([Finding("gpu-stand-in", "warning", "none", msg)], {}), msg)
     sc = sidecar.start(cluster, node, image, rid, gpus=wiring)
     try:
         res = sidecar.run(cluster, sc, check_argv(itype.gpus, opts))
@@ -143,4 +180,4 @@ def run_gpu_check(
         out += "\nDCGM not configured (set HP_DCGM_IMAGE to a DCGM image on the engine)\n"
     else:
         out += f"\n==== DCGM ({d.image}) ====\n" + (d.error or d.output)
-    return v, out
+    return GpuCheckResult(v, out, condemned_gpus(v.findings, uuids_by_index(res.output), node.gpus))
