@@ -275,7 +275,10 @@ class GpuWatch:
             self.pending[node] = Pending(action, action == "replace", d.reason, codes)
         when = "now" if action == "replace" else "when its jobs have ended"
         self._event(
-            "Warning", f"{node} drained for a GPU finding ({d.reason}): it will be {action}d {when}", node, group
+            "Warning",
+            f"{node} drained for a GPU finding ({d.reason}): it will be {'replaced' if action == 'replace' else 'rebooted'} {when}",
+            node,
+            group,
         )
         return MonitorDecision(d.drain, action, action == "replace", d.reason)
 
