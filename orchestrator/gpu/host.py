@@ -472,7 +472,12 @@ def discover(
     than the TTL, else a new one (cached). An engine failure during a refresh returns
     the last cached result when there is one (else it propagates)."""
     env = os.environ if env is None else env
-    info = provider.info()
+    try:
+        info = provider.info()
+    except TRANSIENT:  # no engine now: the last result of any engine, if there is one
+        if ENV_GPUS not in env and (last := store.get(KEY + "*last")):
+            return HostGpuInfo.from_json(last)
+        raise
     if ENV_GPUS in env:
         return from_env(env[ENV_GPUS], info.name, info.cpus, info.memory_mib)
     key = KEY + (info.name or "local")
@@ -494,4 +499,5 @@ def discover(
         raise
     if new.source != "unavailable":
         store.put(key, new.to_json())
+        store.put(KEY + "*last", new.to_json())
     return new

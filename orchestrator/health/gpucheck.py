@@ -147,7 +147,10 @@ def run_gpu_check(
 ) -> GpuCheckResult:
     """Run and judge one GPU node's check. Engine failures while running it propagate
     (TRANSIENT: the check did not run)."""
-    table = thresholds_checked()
+    try:
+        table = thresholds_checked()
+    except BadInput as e:  # the file changed since the request was accepted: a setup problem
+        return GpuCheckResult(_setup_failure("gpu-thresholds", str(e)), str(e))
     image = image_ref(cluster)
     if not cluster.env.images.exists(image):
         msg = f"the GPU check image {image} is not built ('hp images build --gpu')"

@@ -408,3 +408,29 @@ def test_wire_of_the_discovered_gpu_matches_the_pure_module(tmp_path):
     w = gpu_world(tmp_path)
     info = w.env.gpus()
     assert info.wiring([H200_UUID]) == wire("devices", list(info.gpus), driver=info.driver, host_devices=info.devices)
+
+
+def test_without_an_engine_the_last_discovery_stands(tmp_path):
+    """A stored GPU cluster's types stay known while the engine is briefly away."""
+    w = gpu_world(tmp_path)
+    first = w.env.gpus()
+    w.provider.up = False
+    assert discover(w.provider, w.env.store) == first
+    cpu = world(tmp_path / "cpu")
+    cpu.provider.up = False
+    cpu.env.store.put("gpu.discovery:*last", None)
+    with pytest.raises(EngineUnavailable):
+        discover(cpu.provider, cpu.env.store)
+
+
+def test_a_bad_thresholds_file_is_refused_at_health_check_start(tmp_path, monkeypatch):
+    from orchestrator.health import service
+
+    w = gpu_world(tmp_path)
+    make(w, [("gpu", "h200.1x", 1)])
+    bad = tmp_path / "th.yaml"
+    bad.write_text("TolerancePerNode: 2\nModels:\n  h200: {Measured: maybe}\n")
+    monkeypatch.setenv("HP_GPU_THRESHOLDS", str(bad))
+    with pytest.raises(BadInput, match="bad GPU thresholds: 2 problems") as ei:
+        service.start(w.env, "lab", ["gpu"], [], ["InstanceStress"], {}, detach=False)
+    assert "TolerancePerNode" in str(ei.value) and "Models.h200.Measured" in str(ei.value)
