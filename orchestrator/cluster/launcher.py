@@ -53,8 +53,17 @@ class Launcher:
     def __init__(self, cluster: Cluster, images: dict[str, str]):
         self.c = cluster
         self.images = images
-        self.gres_pending = False  # gres.conf was written and slurmctld not reconfigured yet
         self._gpu_cids: set[str] = set()  # created GPU nodes: started only once gres.conf is in force
+
+    @property
+    def gres_pending(self) -> bool:
+        """gres.conf was written and slurmctld not reconfigured since (kept in the store:
+        an agent that restarts in between still reconfigures before a GPU node starts)."""
+        return self.c.store.get(f"gres.pending:{self.c.name}") == "1"
+
+    @gres_pending.setter
+    def gres_pending(self, value: bool) -> None:
+        self.c.store.put(f"gres.pending:{self.c.name}", "1" if value else None)
 
     def gpu_setup(self, gpus: list[str]) -> tuple[GpuWiring | None, dict[str, str], str | None]:
         """(wiring, labels, Gres= word) of a node given these GPUs of the host.
@@ -196,8 +205,16 @@ class Launcher:
             return classify(e, spec.name)
         return cid
 
+    def _is_gpu_node(self, cid: str) -> bool:
+        if cid in self._gpu_cids:
+            return True
+        try:  # e.g. a container left created by a crash, started by another Launcher
+            return bool(self.c.p.inspect(cid).labels.get(L_GPU_DEVICES))
+        except EngineError:
+            return False
+
     def start(self, cid: str) -> LaunchError | None:
-        if cid in self._gpu_cids and self.gres_pending and (why := self._reconfigure()):
+        if self.gres_pending and (why := self._reconfigure()) and self._is_gpu_node(cid):
             # its slurmd would register without the gres.conf lines that name its GPUs
             return LaunchError(
                 "GresConfigFailed", f"slurmctld not reconfigured for gres.conf: {why[:200]}", retryable=True

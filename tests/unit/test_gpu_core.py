@@ -384,6 +384,13 @@ def test_a_gpu_node_does_not_start_when_slurmctld_cannot_be_reconfigured(tmp_pat
     err = lau.start(cid)
     assert err is not None and err.code == "GresConfigFailed" and err.retryable
     assert w.provider._get(cid).state == "created"  # never started: its slurmd would miss its GPUs
+    # the agent restarts (a new Launcher) and finds the container left created: the pending
+    # reconfigure is in the store, so it is done before that start
+    del w.slurm.reconfigure
+    events = timeline(w)
+    again = Launcher(c, w.env.images.refs())
+    assert again.gres_pending and again.start(cid) is None
+    assert events == [("reconfigure", ""), ("start", "hp-lab-gpu-2")] and not again.gres_pending
 
 
 def test_hp_gpus_stand_ins_are_capacity_only(tmp_path, monkeypatch):
