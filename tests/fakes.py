@@ -2,7 +2,11 @@
 (the end-to-end tests use real Docker and real Slurm).
 
 - FakeProvider: the Provider (orchestrator.docker.provider) as a dict of containers,
-  networks, volumes and images; exec answers through `exec_handler`.
+  networks, volumes and images; exec answers through `exec_handler`, one-shot
+  containers (run_once) through `run_handler` (by default the GPU probe of a host
+  without GPUs), followed logs through `push_log`.
+- gpu_host(provider, n): make the fake engine's host one with n H200 GPUs (the real
+  H200's nvidia-smi -q -x, copied per GPU).
 - FakeSlurm: the Slurm interface (orchestrator.slurm.client) as a dict of nodes. Worker
   containers that start register in it (with the drain their slurmd --conf asks for)
   when `auto_register` is on, as slurmd would.

@@ -441,3 +441,31 @@ def test_a_bad_thresholds_file_is_refused_at_health_check_start(tmp_path, monkey
     with pytest.raises(BadInput, match="bad GPU thresholds: 2 problems") as ei:
         service.start(w.env, "lab", ["gpu"], [], ["InstanceStress"], {}, detach=False)
     assert "TolerancePerNode" in str(ei.value) and "Models.h200.Measured" in str(ei.value)
+
+
+def test_release_gpu_cli(tmp_path):
+    """`hp capacity release-gpu`: only quarantined GPUs, every problem is bad input."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from orchestrator.state.store import Store
+
+    home = tmp_path / "home"
+    capacity.quarantine(Store(home), ["GPU-a", "GPU-b"], "gpu-1: hp-gpu:replace:ecc-uncorrectable ...")
+    root = Path(__file__).resolve().parents[2]
+
+    def hp(*args):
+        env = {**os.environ, "HP_HOME": str(home), "DOCKER_HOST": "tcp://127.0.0.1:9", "PYTHONPATH": str(root)}
+        return subprocess.run(
+            [sys.executable, "-m", "orchestrator.cli", *args], env=env, capture_output=True, text=True
+        )
+
+    r = hp("capacity", "release-gpu")
+    assert r.returncode == 2 and "give GPU ids or --all" in r.stderr
+    r = hp("capacity", "release-gpu", "GPU-x")
+    assert r.returncode == 2 and "not quarantined: GPU-x (quarantined: GPU-a, GPU-b)" in r.stderr
+    r = hp("capacity", "release-gpu", "GPU-a")
+    assert r.returncode == 0 and "back in the pool: GPU-a" in r.stderr
+    assert capacity.quarantined(Store(home)) == {"GPU-b": "gpu-1: hp-gpu:replace:ecc-uncorrectable ..."}
