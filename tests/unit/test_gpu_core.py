@@ -469,3 +469,13 @@ def test_release_gpu_cli(tmp_path):
     r = hp("capacity", "release-gpu", "GPU-a")
     assert r.returncode == 0 and "back in the pool: GPU-a" in r.stderr
     assert capacity.quarantined(Store(home)) == {"GPU-b": "gpu-1: hp-gpu:replace:ecc-uncorrectable ..."}
+
+
+def test_hp_logs_keeps_the_controllers_gres_conf(tmp_path):
+    from orchestrator.ci.logs import export_logs
+
+    w = gpu_world(tmp_path)
+    make(w, [("gpu", "h200.1x", 1)])
+    doc = export_logs(w.env, "lab", tmp_path / "logs")
+    assert "gres.conf" in doc["Files"]
+    assert "File=/dev/nvidia0" in (tmp_path / "logs" / "gres.conf").read_text()
