@@ -4,7 +4,14 @@ each node's CPU limit, spread over the host's cores; 5 s at least), and the same
 stress-ng command run in 8 plain containers (docker-py, the check image, the node
 type's limits) at once, with no hp at all.
 Nodes are bench.tiny (bench/common.py: 0.02 CPU, 128 MiB), so 8 fit a small host.
-Run: cd bench && ../.venv/bin/python health.py   (creates and deletes hcb-*; private HP_HOME)"""
+
+GPU section, only where hp's discovery finds GPUs on the Docker host: a cluster with
+one node of <model>.1x per GPU, the time of the GPU check (InstanceStress) per node and
+its parts (the check program's own timings: software, counters, compute, nccl), and
+the passive GPU monitor's CPU per node while idle (its container's CPU time over 60 s;
+target < 0.5% of a core), and the agent's CPU while it follows the monitors.
+Run: cd bench && ../.venv/bin/python health.py [--gpu-only]
+(creates and deletes hcb-*; private HP_HOME)"""
 
 from __future__ import annotations
 
@@ -124,7 +131,104 @@ def phases(doc: dict) -> str:
     )
 
 
+def container_cpu_seconds(client, name: str) -> float:
+    st = client.api.stats(name, stream=False)
+    return st["cpu_stats"]["cpu_usage"]["total_usage"] / 1e9
+
+
+def process_cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def gpu_section(idle_seconds: float = 60.0) -> None:
+    """Only where GPUs are found (see the module's docstring)."""
+    from orchestrator.cluster.context import Env
+    from orchestrator.state.store import Store
+
+    with tempfile.TemporaryDirectory(prefix="hcb-gpu-") as home:
+        gpus = Env(store=Store(Path(home))).gpus(refresh=True)
+        if not gpus.gpus:
+            print(f"GPU section: skipped: no GPU found on the Docker host ({gpus.why})")
+            return
+        model = gpus.gpus[0].model
+        n = sum(1 for g in gpus.gpus if g.model == model)
+        print(f"GPU section: {gpus.summary()}; {n} node(s) of {model}.1x")
+        env = bench_env(home)
+        name = f"hcb-gpu-{secrets.token_hex(3)}"
+        path = write_json(Path(home) / "spec.json", spec_doc(name, n, itype=f"{model}.1x"))
+        try:
+            t0 = time.monotonic()
+            hp(env, "create", "-f", path, "--timeout", "900")
+            print(f"create (GPU check image built if needed): {time.monotonic() - t0:.1f} s")
+            t0 = time.monotonic()
+            r = hp(
+                env,
+                "health-check",
+                "start",
+                name,
+                "--check",
+                "InstanceStress",
+                "--stress-seconds",
+                "2",
+                "--wait",
+                "--json",
+                check=False,
+            )
+            took = time.monotonic() - t0
+            doc = json.loads(r.stdout)["Request"]
+            print(f"GPU deep check of {n} node(s): request {took:.1f} s; verdicts {doc['Results']}")
+            for g in doc["InstanceGroups"]:
+                for node in g["Nodes"]:
+                    for c in node["Checks"]:
+                        f = c["Figures"]
+                        parts = ", ".join(
+                            f"{k.removeprefix('gpu.seconds.')} {v:.1f} s"
+                            for k, v in sorted(f.items())
+                            if k.startswith("gpu.seconds.")
+                        )
+                        span = _t(c["EndTime"]) - _t(c["StartTime"])
+                        print(
+                            f"  {node['Node']}: {span:.1f} s in all; GPU check parts: {parts}; "
+                            f"gemm {f.get('gpu.gpu0.gemm', 0):.0f} TFLOP/s, hbm {f.get('gpu.gpu0.hbm', 0):.0f} GB/s"
+                        )
+            client = docker.from_env()
+            deadline = time.monotonic() + 120
+            mons = []
+            while time.monotonic() < deadline and len(mons) < n:
+                mons = [
+                    c.name
+                    for c in client.containers.list(
+                        filters={"label": [f"io.hp.cluster={name}", "io.hp.role=gpu-monitor"]}
+                    )
+                ]
+                time.sleep(2)
+            if not mons:
+                print("GPU monitors: none running after 120 s (see hp events)")
+                return
+            time.sleep(10)  # past the monitor's start
+            pid = int((Path(home) / "clusters" / name / "agent.pid").read_text())
+            before = {m: container_cpu_seconds(client, m) for m in mons}
+            agent0, t0 = process_cpu_seconds(pid), time.monotonic()
+            time.sleep(idle_seconds)
+            dt = time.monotonic() - t0
+            for m in mons:
+                used = container_cpu_seconds(client, m) - before[m]
+                print(f"  monitor {m}: {100 * used / dt:.3f}% of a core while idle (target < 0.5%)")
+            print(
+                f"  the agent (all its threads, following {len(mons)} monitor(s)): "
+                f"{100 * (process_cpu_seconds(pid) - agent0) / dt:.3f}% of a core"
+            )
+        finally:
+            hp(env, "delete", name, check=False)
+
+
 def main() -> None:
+    import sys
+
+    if "--gpu-only" in sys.argv:
+        gpu_section()
+        return
     with tempfile.TemporaryDirectory(prefix="hcb-") as home:
         env = bench_env(home)
         name = f"hcb-{secrets.token_hex(3)}"
@@ -150,6 +254,7 @@ def main() -> None:
             print(f"docker kill of a worker -> idle in Slurm again: {kill_to_idle(name):.2f} s (target <= 10 s)")
         finally:
             hp(env, "delete", name, check=False)
+    gpu_section()
 
 
 if __name__ == "__main__":

@@ -19,7 +19,8 @@ import hashlib
 import logging
 import sqlite3
 import traceback
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
     from .state.store import Store
@@ -151,3 +152,21 @@ def report_bug(
         except sqlite3.Error:  # pragma: no cover - the store itself failing: the log has it
             log.exception("could not record the internal error")
     return desc
+
+
+def guarded(
+    store: Store | None,
+    cluster: str | None,
+    where: str,
+    log: logging.Logger,
+    fn: Callable[..., Any],
+    *args: Any,
+    node: str | None = None,
+) -> Any:
+    """Run `fn` (a thread's body, a background loop) so that a bug in it is reported
+    (report_bug) and ends it, never the process; returns fn's result, None after a bug."""
+    try:
+        return fn(*args)
+    except Exception as e:  # noqa: BLE001 - a bug: reported, and the caller goes on without this part
+        report_bug(store, cluster, where, e, log, node=node)
+        return None

@@ -12,6 +12,9 @@ L_NODE = f"{LABEL_PREFIX}.node"  # Slurm node name (= hostname)
 L_INDEX = f"{LABEL_PREFIX}.index"
 L_ITYPE = f"{LABEL_PREFIX}.instance-type"
 L_GPUS = f"{LABEL_PREFIX}.gpus"  # the host GPUs (ids) backing a node
+L_GPU_MODE = f"{LABEL_PREFIX}.gpu-mode"  # how they are given: runtime | cdi | devices | none (HP_GPUS stand-ins)
+L_GPU_MODEL = f"{LABEL_PREFIX}.gpu-model"  # hp's model name of a node's GPUs (h200...)
+L_GPU_DEVICES = f"{LABEL_PREFIX}.gpu-devices"  # their /dev/nvidiaN, in the node's order (gres.conf File=)
 L_REQUEST = f"{LABEL_PREFIX}.health-request"  # a check container's health-check request
 
 ROLE_BY_NODE_TYPE = {"Controller": "controller", "Login": "login", "Compute": "worker"}
@@ -58,6 +61,11 @@ def container_name(cluster: str, node: str) -> str:
 
 def network_name(cluster: str) -> str:
     return f"hp-{cluster}"
+
+
+def monitor_name(cluster: str, node: str) -> str:
+    """A GPU node's passive monitor container."""
+    return f"hp-{cluster}-{node}-gpumon"
 
 
 def state_volume(cluster: str) -> str:

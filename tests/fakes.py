@@ -2,7 +2,11 @@
 (the end-to-end tests use real Docker and real Slurm).
 
 - FakeProvider: the Provider (orchestrator.docker.provider) as a dict of containers,
-  networks, volumes and images; exec answers through `exec_handler`.
+  networks, volumes and images; exec answers through `exec_handler`, one-shot
+  containers (run_once) through `run_handler` (by default the GPU probe of a host
+  without GPUs), followed logs through `push_log`.
+- gpu_host(provider, n): make the fake engine's host one with n H200 GPUs (the real
+  H200's nvidia-smi -q -x, copied per GPU).
 - FakeSlurm: the Slurm interface (orchestrator.slurm.client) as a dict of nodes. Worker
   containers that start register in it (with the drain their slurmd --conf asks for)
   when `auto_register` is on, as slurmd would.
@@ -13,6 +17,7 @@
 from __future__ import annotations
 
 import itertools
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -81,6 +86,28 @@ class FakeStream:
         self._closed.set()
 
 
+class FakeLines:
+    """A followed container's output: the lines it had, then what push_log adds,
+    until closed (or its container is removed)."""
+
+    def __init__(self, lines: list[str]):
+        self.q: queue.Queue[str | None] = queue.Queue()
+        for line in lines:
+            self.q.put(line)
+        self.closed = False
+
+    def __iter__(self) -> Iterator[str]:
+        while True:
+            line = self.q.get()
+            if line is None:
+                return
+            yield line
+
+    def close(self) -> None:
+        self.closed = True
+        self.q.put(None)
+
+
 class FakeProvider:
     def __init__(self, cpus: int = 8, memory_mib: int = 16384):
         self.up = True
@@ -94,6 +121,10 @@ class FakeProvider:
         self.fail_create: Callable[[ContainerSpec], EngineError | None] = lambda spec: None
         self.fail_start: Callable[[FakeContainer], EngineError | None] = lambda c: None
         self.events_: list[Event] = []
+        # one-shot containers (run_once): the spec -> what it printed and its exit code
+        self.run_handler: Callable[[ContainerSpec], ExecResult] = lambda spec: ExecResult(0, probe_output())
+        self.runs: list[ContainerSpec] = []
+        self.followers: dict[str, list[FakeLines]] = {}
         self.calls: list[tuple[str, str]] = []
         self.lock = threading.RLock()
 
@@ -186,6 +217,9 @@ class FakeProvider:
             return
         with self.lock:
             self.containers_.pop(c.id, None)
+            followers = self.followers.pop(c.spec.name, [])
+        for f in followers:
+            f.close()
         self.calls.append(("remove", c.spec.name))
 
     def containers(self, cluster: str | None = None, extra_labels: dict[str, str] | None = None) -> list[Container]:
@@ -213,6 +247,21 @@ class FakeProvider:
 
     def logs(self, container: str, tail: int | str = "all") -> str:
         return self._get(container).logs
+
+    def follow_logs(self, container: str, since: float | None = None) -> FakeLines:
+        c = self._get(container)
+        f = FakeLines(c.logs.splitlines())
+        with self.lock:
+            self.followers.setdefault(c.spec.name, []).append(f)
+        return f
+
+    def run_once(self, spec: ContainerSpec, timeout: float = 120.0) -> ExecResult:
+        self._check()
+        if spec.image not in self.images and not spec.image.startswith("keep:"):
+            raise ObjectMissing(f"create container {spec.name}: no such image {spec.image}")
+        self.runs.append(spec)
+        self.calls.append(("run", spec.name))
+        return self.run_handler(spec)
 
     def put_files(self, container: str, directory: str, files: dict[str, tuple[bytes, int, int]]) -> None:
         c = self._get(container)
@@ -310,6 +359,13 @@ class FakeProvider:
         return b"Package: slurmd\nStatus: install ok installed\nVersion: 24.11.5-4\n"
 
     # -- test helpers
+    def push_log(self, container: str, line: str) -> None:
+        """A followed container prints a line."""
+        c = self._get(container)
+        c.logs += line + "\n"
+        for f in self.followers.get(c.spec.name, []):
+            f.q.put(line)
+
     def node(self, cluster: str, node: str) -> FakeContainer:
         return self._get(f"hp-{cluster}-{node}")
 
@@ -317,6 +373,68 @@ class FakeProvider:
         c = self.node(cluster, node)
         c.state, c.exit_code = "exited", code
         return c
+
+
+def probe_output(
+    devices: tuple[str, ...] = (), ldconfig: str = "", bins: tuple[str, ...] = (), listing: tuple[str, ...] = ()
+) -> str:
+    """What the GPU probe (orchestrator/gpu/host.py PROBE_SCRIPT) prints on a host with
+    these /dev/nvidia* entries, loader-cache lines, binaries and driver-folder files."""
+    parts = ["==machine==", "x86_64", "==devices==", *devices, "==ldconfig==", ldconfig, "==bins==", *bins]
+    return "\n".join([*parts, "==listing==", *(f"/host{x}" for x in listing), "==end==", ""])
+
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+H200_XML = (FIXTURES / "gpu-h200" / "nvidia-smi-q.xml").read_text()
+H200_UUID = "GPU-3fadaaaa-e57c-b9f1-78a9-3213b39f962c"
+DRIVER_LDCONFIG = (
+    "\tlibnvidia-ml.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1\n"
+    "\tlibcuda.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so.1\n"
+    "\tlibcuda.so.1 (libc6) => /usr/lib/i386-linux-gnu/libcuda.so.1"
+)
+
+
+def h200_xml(n: int = 1) -> str:
+    """The real H200's nvidia-smi -q -x, with its <gpu> copied n times: GPU k gets
+    minor number k, PCI bus 00:0(6+k).0 and a UUID ending in k (k > 0)."""
+    head, rest = H200_XML.split("<gpu id=", 1)
+    body, tail = rest.rsplit("</gpu>", 1)
+    gpus = []
+    for k in range(n):
+        g = "<gpu id=" + body + "</gpu>"
+        if k:
+            g = (
+                g.replace("00:00:06.0", f"00:00:{6 + k:02x}.0")
+                .replace(H200_UUID, H200_UUID[:-1] + str(k))
+                .replace("<minor_number>0</minor_number>", f"<minor_number>{k}</minor_number>")
+            )
+        gpus.append(g)
+    head = head.replace("<attached_gpus>1</attached_gpus>", f"<attached_gpus>{n}</attached_gpus>")
+    return head + "\n".join(gpus) + tail
+
+
+def h200_uuid(k: int) -> str:
+    return H200_UUID if k == 0 else H200_UUID[:-1] + str(k)
+
+
+def gpu_host(p: FakeProvider, n: int = 1, runtime: bool = False) -> None:
+    """Make the fake engine's host one with n H200 GPUs (no NVIDIA toolkit unless
+    `runtime`): the GPU probe finds their device nodes and the driver in the loader
+    cache, and nvidia-smi -q -x in a GPU container prints the real H200's report."""
+    devices = tuple(f"/dev/nvidia{k}" for k in range(n)) + (
+        "/dev/nvidiactl",
+        "/dev/nvidia-uvm",
+        "/dev/nvidia-uvm-tools",
+    )
+    if runtime:
+        p.info_ = replace(p.info_, runtimes=("nvidia", "runc"))
+
+    def handler(spec: ContainerSpec) -> ExecResult:
+        if spec.command and spec.command[0] == "nvidia-smi":
+            return ExecResult(0, h200_xml(n))
+        return ExecResult(0, probe_output(devices, DRIVER_LDCONFIG, ("/usr/bin/nvidia-smi",)))
+
+    p.run_handler = handler
 
 
 def _match(labels: dict[str, str], cluster: str | None) -> bool:
@@ -382,6 +500,10 @@ class FakeSlurm:
         self.calls.append(("delete", tuple(nodes)))
         for n in nodes:
             self.nodes_.pop(n, None)
+
+    def reconfigure(self) -> None:
+        self._check()
+        self.calls.append(("reconfigure", ()))
 
     def submit(
         self, container: str, script: str, output: str, args: list[str], user: str, workdir: str, env: dict[str, str]

@@ -31,7 +31,7 @@ from typing import Any
 
 from ..cluster.context import Cluster, Env
 from ..cluster.launcher import Launcher
-from ..errors import TRANSIENT, EngineError, EngineUnavailable, bug_signature, report_bug
+from ..errors import TRANSIENT, EngineError, EngineUnavailable, bug_signature, guarded, report_bug
 from ..naming import group_prefix
 from ..slurm.model import SlurmNode
 from ..spec.model import InstanceGroup
@@ -81,10 +81,15 @@ class Agent:
     def _recovery(self) -> None:
         from ..recovery.watcher import RecoveryWatcher
 
-        try:
-            RecoveryWatcher(self.env, self.name).run(self.stop)
-        except Exception as e:  # noqa: BLE001 - a bug in the watcher: reported; provisioning goes on without it
-            report_bug(self.env.store, self.name, "the recovery watcher", e, log)
+        # a bug in the watcher is reported; provisioning goes on without it
+        guarded(
+            self.env.store, self.name, "the recovery watcher", log, RecoveryWatcher(self.env, self.name).run, self.stop
+        )
+
+    def _gpu_watch(self) -> None:
+        from .gpuwatch import GpuWatch
+
+        guarded(self.env.store, self.name, "the GPU monitors", log, GpuWatch(self.env, self.name).run, self.stop)
 
     def _onstart_queue(self) -> OnStartQueue:
         from ..health.onstart import ClusterBusy, check_new_nodes
@@ -111,6 +116,10 @@ class Agent:
         cluster = Cluster(env, self.name)
         threading.Thread(target=self._events, daemon=True, name="events").start()
         threading.Thread(target=self._recovery, daemon=True, name="recovery").start()
+        from ..cluster.create import has_gpus
+
+        if has_gpus(cluster.spec, env.catalogue):  # passive GPU monitoring (agent/gpuwatch.py)
+            threading.Thread(target=self._gpu_watch, daemon=True, name="gpu-monitors").start()
         onstart = self._onstart_queue()
         recs: dict[str, GroupReconciler] = {}
         due: dict[str, float] = {}

@@ -81,6 +81,8 @@ def export_logs(env: Env, name: str, directory: Path, log: Log = lambda s: None)
         )
         w.json("events.json", [e.as_dict() for e in env.store.events(name, limit=10_000)])
         w.write("slurm.conf", _slurm_conf(cluster, ctl))
+        if ctl is not None and (gres := cluster.p.get_dir(ctl.id, "/etc/slurm/gres.conf")):
+            w.write("gres.conf", next(iter(gres.values())))  # GPU nodes' GRES (cluster/gpunodes.py)
         health = _health_results(env, name)
         if health:
             w.json("health-checks.json", health)

@@ -13,12 +13,21 @@ images_app = sub_app("Build, list, save and load hp's images.")
 
 
 @images_app.command("build")
-def build(json_out: bool = JsonOpt) -> None:
+def build(
+    gpu: bool = typer.Option(
+        False,
+        "--gpu",
+        help="Also the GPU check image (~2.2 GB from PyPI; made by 'hp create' when a cluster has GPUs).",
+    ),
+    json_out: bool = JsonOpt,
+) -> None:
     """Build the node and check images (nothing is rebuilt when nothing changed)."""
+    from ..docker.images import ALL_IMAGES, GPU_IMAGES
+
     e = env()
     e.provider.ping()
     out = Out(json_out)
-    refs = e.images.build(log=out.info)
+    refs = e.images.build(ALL_IMAGES + (GPU_IMAGES if gpu else ()), log=out.info)
     if json_out:
         out.json({"Images": refs})
     else:

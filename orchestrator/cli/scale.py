@@ -132,6 +132,27 @@ def capacity_set(
     Out().info(f"{instance_type}: " + ("no limit" if clear else f"at most {count} node(s)"))
 
 
+@capacity_app.command("release-gpu")
+def capacity_release_gpu(
+    gpus: Optional[list[str]] = typer.Argument(None, help="GPU ids (UUIDs) to put back into the pool."),
+    all_: bool = typer.Option(False, "--all", help="Every quarantined GPU."),
+) -> None:
+    """Put GPUs that a replace-class finding quarantined back into the pool."""
+    from ..cluster import capacity
+    from ..errors import BadInput
+
+    e = env()
+    if bool(gpus) == all_:
+        raise BadInput("give GPU ids or --all", "cannot release GPUs")
+    bad = capacity.quarantined(e.store)
+    if gpus and (unknown := [g for g in gpus if g not in bad]):
+        raise BadInput(
+            f"not quarantined: {', '.join(unknown)} (quarantined: {', '.join(bad) or 'none'})", "cannot release GPUs"
+        )
+    done = capacity.release_gpus(e.store, None if all_ else gpus)
+    Out().info(f"back in the pool: {', '.join(done) or 'none'}")
+
+
 @capacity_app.command("show")
 def capacity_show(json_out: bool = JsonOpt) -> None:
     """The host's pool, what hp's nodes use of it, and per-type limits."""
@@ -144,10 +165,14 @@ def capacity_show(json_out: bool = JsonOpt) -> None:
         out.json(doc)
         return
     pool, used = doc["Pool"], doc["Used"]
+    gpus = ", ".join(f"{g} ({pool['GpuModels'].get(g, '?')})" for g in pool["Gpus"]) or "none"
     print(
-        f"pool: {pool['Cpus']:g} CPU, {pool['MemoryMiB']} MiB, GPUs {pool['Gpus'] or 'none'}; "
-        f"used: {used['Cpus']:g} CPU, {used['MemoryMiB']} MiB"
+        f"pool: {pool['Cpus']:g} CPU, {pool['MemoryMiB']} MiB, GPUs {gpus}; "
+        f"used: {used['Cpus']:g} CPU, {used['MemoryMiB']} MiB, GPUs {', '.join(used['Gpus']) or 'none'}"
     )
+    print(f"GPU discovery: {pool['GpuDiscovery']}")
+    for g, why in pool["GpuQuarantined"].items():
+        print(f"quarantined GPU {g}: {why} ('hp capacity release-gpu {g}' puts it back)")
     out.table(
         None,
         ["TYPE", "RUNNING", "LIMIT"],

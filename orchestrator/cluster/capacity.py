@@ -1,7 +1,7 @@
 """Capacity: instance types consume a finite pool shared by every cluster on the host.
 
 By default the pool is the Docker host's real CPUs (x4, see below), memory and GPUs (each GPU backs
-one node at a time); an admin can cap how many nodes of a type may run
+one node at a time; found by orchestrator/gpu/host.py, or HP_GPUS for tests); an admin can cap how many nodes of a type may run
 (`hp capacity set TYPE N`). Usage is counted from the containers that exist (Docker
 labels are the truth), under a host-wide lock so two launchers can't both take the
 last slot.
@@ -14,23 +14,39 @@ import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..docker.provider import Provider
 from ..docker.views import Container
-from ..errors import InsufficientCapacity
+from ..errors import TRANSIENT, InsufficientCapacity
 from ..spec.catalogue import InstanceType
 from ..state.store import Store
 
 LIMITS_KEY = "capacity.limits"
+QUARANTINE_KEY = "capacity.gpu-quarantine"  # GPU id -> why: GPUs a replace-class finding condemned
 
 
 @dataclass(frozen=True)
 class Pool:
     cpus: float
     memory_mib: int
-    gpus: list[str]
+    gpus: list[str]  # GPU ids (UUIDs)
+    gpu_models: dict[str, str] = field(default_factory=dict)  # id -> model (h200...)
+    gpu_note: str = ""  # what discovery said (why there are none)
+
+    def gpus_of(self, model: str | None) -> list[str]:
+        """The pool's GPUs of a model (every GPU when None)."""
+        return [g for g in self.gpus if model is None or self.gpu_models.get(g) == model]
+
+    def most_of_one_model(self, model: str | None) -> int:
+        """The most GPUs one node may get: of `model`, or of any single model."""
+        if model is not None:
+            return len(self.gpus_of(model))
+        counts: dict[str, int] = {}
+        for g in self.gpus:
+            counts[self.gpu_models.get(g, "")] = counts.get(self.gpu_models.get(g, ""), 0) + 1
+        return max(counts.values(), default=0)
 
 
 @dataclass(frozen=True)
@@ -56,11 +72,41 @@ class Usage:
 DEFAULT_CPU_OVERCOMMIT = 4.0
 
 
-def host_pool(provider: Provider) -> Pool:
+def host_pool(provider: Provider, store: Store) -> Pool:
     info = provider.info()
-    gpus = [g.strip() for g in os.environ.get("HP_GPUS", "").split(",") if g.strip()]
     factor = float(os.environ.get("HP_CPU_OVERCOMMIT", DEFAULT_CPU_OVERCOMMIT))
-    return Pool(cpus=float(info.cpus) * factor, memory_mib=info.memory_mib, gpus=gpus)
+    from ..gpu.host import discover
+
+    try:
+        g = discover(provider, store)
+        gpus, models, note = g.ids, g.model_of(), g.why or g.summary()
+    except TRANSIENT as e:  # no cached result and the engine failed: no GPU for now
+        gpus, models, note = [], {}, f"GPU discovery failed: {str(e)[:200]}"
+    bad = [x for x in gpus if x in quarantined(store)]
+    if bad:
+        gpus = [x for x in gpus if x not in bad]
+        note += f"; {len(bad)} GPU(s) quarantined after a replace-class finding ('hp capacity show')"
+    return Pool(cpus=float(info.cpus) * factor, memory_mib=info.memory_mib, gpus=gpus, gpu_models=models, gpu_note=note)
+
+
+def _gpu_words(itype: InstanceType) -> str:
+    return f"{itype.gpus} GPU(s)" + (f" of model {itype.gpu_model}" if itype.gpu_model else "")
+
+
+def pick_gpus(itype: InstanceType, pool: Pool, used: Usage) -> tuple[list[str] | None, str]:
+    """GPUs for one node of `itype` (all of one model), or None and what is missing."""
+    free = [g for g in pool.gpus_of(itype.gpu_model) if g not in used.gpus]
+    by_model: dict[str, list[str]] = {}
+    for g in free:
+        by_model.setdefault(pool.gpu_models.get(g, ""), []).append(g)
+    for _model, ids in sorted(by_model.items()):
+        if len(ids) >= itype.gpus:
+            return ids[: itype.gpus], ""
+    if not pool.gpus_of(itype.gpu_model):
+        note = f": {pool.gpu_note}" if pool.gpu_note else ""
+        return None, f"needs {_gpu_words(itype)}, this host has none{note}"
+    most = max((len(v) for v in by_model.values()), default=0)
+    return None, f"needs {_gpu_words(itype)}, {most} free (of {len(pool.gpus_of(itype.gpu_model))})"
 
 
 def usage(containers: list[Container], catalogue: dict[str, InstanceType]) -> Usage:
@@ -93,12 +139,37 @@ def check(itype: InstanceType, pool: Pool, used: Usage, limits: dict[str, int]) 
         missing.append(f"needs {itype.cpu_limit:g} CPU, {max(pool.cpus - used.cpus, 0):g} of {pool.cpus:g} free")
     if used.memory_mib + itype.memory_mib > pool.memory_mib:
         missing.append(f"needs {itype.memory_mib} MiB memory, {max(pool.memory_mib - used.memory_mib, 0)} MiB free")
-    free_gpus = [g for g in pool.gpus if g not in used.gpus]
-    if itype.gpus and len(free_gpus) < itype.gpus:
-        missing.append(f"needs {itype.gpus} GPU(s), {len(free_gpus)} free")
+    chosen: list[str] | None = None
+    if itype.gpus:
+        chosen, why = pick_gpus(itype, pool, used)
+        if chosen is None:
+            missing.append(why)
     if missing:
         raise InsufficientCapacity(f"no capacity for instance type {itype.name}: " + "; ".join(missing))
-    return free_gpus[: itype.gpus] if itype.gpus else None
+    return chosen
+
+
+def quarantined(store: Store) -> dict[str, str]:
+    """GPUs kept out of the pool (id -> why): a replace-class finding (uncorrectable ECC,
+    a row-remap failure...) condemned them, so that a replacement node gets other GPUs.
+    `hp capacity release-gpu` puts them back (after the card was fixed or swapped)."""
+    return {str(k): str(v) for k, v in json.loads(store.get(QUARANTINE_KEY) or "{}").items()}
+
+
+def quarantine(store: Store, gpus: list[str], why: str) -> None:
+    cur = quarantined(store)
+    cur.update({g: why[:300] for g in gpus})
+    store.put(QUARANTINE_KEY, json.dumps(cur))
+
+
+def release_gpus(store: Store, gpus: list[str] | None) -> list[str]:
+    """Put quarantined GPUs back into the pool (all when None); the ids released."""
+    cur = quarantined(store)
+    gone = list(cur) if gpus is None else [g for g in gpus if g in cur]
+    for g in gone:
+        cur.pop(g, None)
+    store.put(QUARANTINE_KEY, json.dumps(cur))
+    return gone
 
 
 def limits(store: Store) -> dict[str, int]:
@@ -130,12 +201,17 @@ def ceiling(itype: InstanceType, pool: Pool) -> tuple[int, str]:
     gone), and what sets that bound. Admin limits (`hp capacity set`) are not bounds:
     they change, and nodes wait for them in continuous mode."""
     bounds = []
+    if itype.gpus:  # first: when GPUs bound as tightly as memory, they are what the user must hear about
+        have = pool.gpus_of(itype.gpu_model)
+        of = f" of model {itype.gpu_model}" if itype.gpu_model else ""
+        note = f": {pool.gpu_note}" if not have and pool.gpu_note else ""
+        bounds.append(
+            (pool.most_of_one_model(itype.gpu_model) // itype.gpus, f"{len(have)} GPU(s){of} on this host{note}")
+        )
     if itype.cpu_limit > 0:
         bounds.append((int(pool.cpus // itype.cpu_limit + 1e-9), f"{pool.cpus:g} CPU in the pool"))
     if itype.memory_mib > 0:
         bounds.append((pool.memory_mib // itype.memory_mib, f"{pool.memory_mib} MiB of memory"))
-    if itype.gpus:
-        bounds.append((len(pool.gpus) // itype.gpus, f"{len(pool.gpus)} GPU(s)"))
     if not bounds:
         return 1 << 30, "no bound"
     n, why = min(bounds, key=lambda b: b[0])
@@ -145,11 +221,18 @@ def ceiling(itype: InstanceType, pool: Pool) -> tuple[int, str]:
 def report(provider: Provider, store: Store, catalogue: dict[str, InstanceType]) -> dict:
     """The host's pool, what hp's nodes use of it, and per-type limits (`hp capacity show`)."""
     provider.ping()
-    pool = host_pool(provider)
+    pool = host_pool(provider, store)
     used = usage(provider.containers(), catalogue)
     lim = limits(store)
     return {
-        "Pool": {"Cpus": pool.cpus, "MemoryMiB": pool.memory_mib, "Gpus": pool.gpus},
+        "Pool": {
+            "Cpus": pool.cpus,
+            "MemoryMiB": pool.memory_mib,
+            "Gpus": pool.gpus,
+            "GpuModels": pool.gpu_models,
+            "GpuDiscovery": pool.gpu_note,
+            "GpuQuarantined": quarantined(store),
+        },
         "Used": {"Cpus": round(used.cpus, 3), "MemoryMiB": used.memory_mib, "Gpus": sorted(used.gpus)},
         "Types": [
             {"InstanceType": t, "Running": used.per_type.get(t, 0), "Limit": lim.get(t)} for t in sorted(catalogue)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 from collections.abc import Callable, Sequence
@@ -11,13 +12,13 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from ..docker.engine import DockerEngine
 from ..docker.images import Images
 from ..docker.provider import Provider
 from ..docker.views import Container
-from ..errors import BadInput, NotFound
+from ..errors import TRANSIENT, BadInput, NotFound
 from ..naming import container_name
 from ..slurm.client import Slurm, SlurmCli
 from ..slurm.conf import controller_host
@@ -25,6 +26,10 @@ from ..spec.catalogue import InstanceType, load_catalogue
 from ..spec.model import ClusterSpec, InstanceGroup, validate
 from ..state.store import Store
 
+if TYPE_CHECKING:  # pragma: no cover
+    from ..gpu.host import HostGpuInfo
+
+log = logging.getLogger("hp")
 T = TypeVar("T")
 R = TypeVar("R")
 SLURM_UID = 64030  # Debian's fixed uid for the slurm user
@@ -62,7 +67,21 @@ class Env:
 
     @cached_property
     def catalogue(self) -> dict[str, InstanceType]:
-        return load_catalogue(self.catalogue_file)
+        """The instance types: shipped, GPU types named after the host's GPUs (only
+        where there are GPUs), and the user's file. Without an engine (or when
+        discovery fails) there are no discovered types."""
+        discovered: dict[str, dict] = {}
+        try:
+            discovered = {t.name: t.catalogue_entry() for t in self.gpus().instance_types()}
+        except TRANSIENT as e:
+            log.info("GPU discovery failed, no GPU types from it: %s", e)
+        return load_catalogue(self.catalogue_file, discovered)
+
+    def gpus(self, refresh: bool = False) -> HostGpuInfo:
+        """The Docker host's GPUs (gpu/host.py: discovery cached in the store, or HP_GPUS)."""
+        from ..gpu.host import discover
+
+        return discover(self.provider, self.store, refresh=refresh)
 
     @cached_property
     def images(self) -> Images:

@@ -70,17 +70,23 @@ def check_name_free(env: Env, name: str) -> None:
         env.store.remove_cluster(name)  # a Failed cluster with nothing left: its name is free again
 
 
-def image_defs(spec: ClusterSpec) -> tuple:
-    """The node images, and the check images when a group checks new nodes on start."""
-    from ..docker.images import CHECK_IMAGES, NODE_IMAGES
+def has_gpus(spec: ClusterSpec, catalogue: dict) -> bool:
+    return any(catalogue[g.InstanceType].gpus for g in spec.InstanceGroups if g.InstanceType in catalogue)
 
-    return NODE_IMAGES + (CHECK_IMAGES if any(g.OnStartDeepHealthChecks for g in spec.InstanceGroups) else ())
+
+def image_defs(spec: ClusterSpec, catalogue: dict | None = None) -> tuple:
+    """The node images; the check images when a group checks new nodes on start; the
+    GPU check image (checks and the passive GPU monitor) when a group has GPUs."""
+    from ..docker.images import CHECK_IMAGES, GPU_IMAGES, NODE_IMAGES
+
+    defs = NODE_IMAGES + (CHECK_IMAGES if any(g.OnStartDeepHealthChecks for g in spec.InstanceGroups) else ())
+    return defs + (GPU_IMAGES if catalogue is not None and has_gpus(spec, catalogue) else ())
 
 
 def capacity_problems(env: Env, spec: ClusterSpec) -> list[str]:
     """Instance types the spec asks more of than the host could ever run (the host's
     whole pool, every other node gone): refused before anything is made."""
-    pool = capacity.host_pool(env.provider)
+    pool = capacity.host_pool(env.provider, env.store)
     wanted: dict[str, int] = {}
     for g in spec.InstanceGroups:
         wanted[g.InstanceType] = wanted.get(g.InstanceType, 0) + g.InstanceCount
@@ -88,7 +94,9 @@ def capacity_problems(env: Env, spec: ClusterSpec) -> list[str]:
     for t, n in wanted.items():
         most, why = capacity.ceiling(env.catalogue[t], pool)
         if n > most:
-            problems.append(f"{n} node(s) of {t} are more than this host can ever run: {most} ({why})")
+            problems.append(
+                f"InsufficientCapacity: {n} node(s) of {t} are more than this host can ever run: {most} ({why})"
+            )
     return problems
 
 
@@ -99,8 +107,12 @@ def create(env: Env, spec: ClusterSpec, opts: CreateOptions, progress: Progress 
     spec = spec.model_copy(update={"MaxNodeCount": spec.max_nodes})  # fixed from now on (slurm.conf)
     if problems := capacity_problems(env, spec):
         raise BadInput(problems, "cannot create")
+    if has_gpus(spec, env.catalogue):
+        from ..health.gpucheck import thresholds_checked
+
+        thresholds_checked()  # a bad thresholds file is bad input: refused before anything is made
     progress.stage("images", "checking node images")
-    images = env.images.build(image_defs(spec), log=lambda s: progress.stage("images", s))
+    images = env.images.build(image_defs(spec, env.catalogue), log=lambda s: progress.stage("images", s))
     if not env.store.add_cluster(name, spec.model_dump(exclude_none=True), "Creating"):
         raise BadInput(f"a cluster named {name!r} already exists", "name in use")
     cluster = Cluster(env, name, spec)

@@ -1,13 +1,26 @@
 """Creating and starting node containers. Every failure is classified (LaunchError)
 where it is observed: capacity and transient engine faults are retryable, a missing
 image is not. Only the engine's errors are classified; anything else is a bug and goes
-up to the caller's failure policy."""
+up to the caller's failure policy.
+
+GPU nodes: capacity picks the node's GPUs (one model), the host's discovery
+(gpu/host.py) says how to give them (wiring: NVIDIA runtime, CDI or device nodes plus
+the driver's files), the node registers with `Gres=gpu:<model>:N`, and the
+controller's gres.conf gets its lines, with `scontrol reconfigure`, before its slurmd
+starts (cluster/gpunodes.py)."""
 
 from __future__ import annotations
 
+import logging
+
 from ..docker.views import ContainerSpec
-from ..errors import EngineError, LaunchError
+from ..errors import EngineError, LaunchError, OperationFailed
+from ..gpu.gres import GresError, slurmd_conf_gres
+from ..gpu.wiring import GpuWiring, GpuWiringError
 from ..naming import (
+    L_GPU_DEVICES,
+    L_GPU_MODE,
+    L_GPU_MODEL,
     L_GPUS,
     ROLE_BY_NODE_TYPE,
     container_name,
@@ -20,9 +33,10 @@ from ..naming import (
 from ..slurm.conf import slurmd_conf
 from ..slurm.model import ONSTART_REASON
 from ..spec.model import InstanceGroup
-from . import capacity
+from . import capacity, gpunodes
 from .context import SLURM_UID, Cluster, parallel
 
+log = logging.getLogger("hp")
 FileMap = dict[str, tuple[bytes, int, int]]
 
 
@@ -39,6 +53,31 @@ class Launcher:
     def __init__(self, cluster: Cluster, images: dict[str, str]):
         self.c = cluster
         self.images = images
+        self._gpu_cids: set[str] = set()  # created GPU nodes: started only once gres.conf is in force
+
+    @property
+    def gres_pending(self) -> bool:
+        """gres.conf was written and slurmctld not reconfigured since (kept in the store:
+        an agent that restarts in between still reconfigures before a GPU node starts)."""
+        return self.c.store.get(f"gres.pending:{self.c.name}") == "1"
+
+    @gres_pending.setter
+    def gres_pending(self, value: bool) -> None:
+        self.c.store.put(f"gres.pending:{self.c.name}", "1" if value else None)
+
+    def gpu_setup(self, gpus: list[str]) -> tuple[GpuWiring | None, dict[str, str], str | None]:
+        """(wiring, labels, Gres= word) of a node given these GPUs of the host.
+        Raises GpuWiringError / GresError when they cannot be given."""
+        info = self.c.env.gpus()
+        wiring = info.wiring(gpus)
+        models = info.model_of()
+        model = models.get(gpus[0], "")
+        lab = {L_GPUS: ",".join(gpus), L_GPU_MODE: wiring.mode if wiring else "none"}
+        if wiring is None:  # HP_GPUS stand-ins: capacity only
+            return None, lab, None
+        lab[L_GPU_MODEL] = model
+        lab[L_GPU_DEVICES] = ",".join(wiring.device_files)
+        return wiring, lab, slurmd_conf_gres(model, len(gpus))
 
     def container_spec(
         self, group: InstanceGroup, index: int, gpus: list[str] | None = None, drain_reason: str | None = None
@@ -49,15 +88,15 @@ class Launcher:
         node = node_name(group.InstanceGroupName, index)
         env = {"HP_CONTROLLER": c.controller_host, "HP_CLUSTER": c.name}
         vols = {shared_volume(c.name): "/home"}
+        wiring, gpu_labels, gres = self.gpu_setup(gpus) if gpus else (None, {}, None)
         if role == "worker":
             # with on-start checks the node registers drained, so it takes no job before they pass
             reason = drain_reason or (ONSTART_REASON if group.OnStartDeepHealthChecks else None)
-            env["HP_SLURMD_CONF"] = slurmd_conf(itype, group.InstanceGroupName.lower(), reason)
+            env["HP_SLURMD_CONF"] = slurmd_conf(itype, group.InstanceGroupName.lower(), reason, gres)
         if role == "controller":
             vols = {state_volume(c.name): "/var/spool/slurmctld"}
         lab = labels(c.name, role, group.InstanceGroupName, node, index, itype.name)
-        if gpus:
-            lab[L_GPUS] = ",".join(gpus)
+        lab.update(gpu_labels)
         return ContainerSpec(
             name=container_name(c.name, node),
             image=group.Image or self.images[role],
@@ -68,6 +107,7 @@ class Launcher:
             volumes=vols,
             cpu_limit=itype.cpu_limit,
             memory_bytes=itype.memory_mib * 2**20,
+            gpus=wiring,
         )
 
     def create_many(
@@ -84,7 +124,7 @@ class Launcher:
         out: dict[str, str | LaunchError] = {}
         todo: list[tuple[InstanceGroup, int, list[str] | None]] = []
         with capacity.host_lock(c.store.home):
-            pool = capacity.host_pool(c.p)
+            pool = capacity.host_pool(c.p, c.store)
             used = capacity.usage(c.p.containers(), c.env.catalogue)
             lim = capacity.limits(c.store)
             for g, i in wanted:
@@ -99,7 +139,45 @@ class Launcher:
             results = parallel(lambda t: self._create_one(t[0], t[1], t[2], files, drain_reason), todo)
         for (g, i, _), r in zip(todo, results, strict=True):
             out[node_name(g.InstanceGroupName, i)] = r
+        gpu_nodes = {
+            node_name(g.InstanceGroupName, i): out[node_name(g.InstanceGroupName, i)]
+            for g, i, gpus in todo
+            if gpus and isinstance(out[node_name(g.InstanceGroupName, i)], str)
+        }
+        if gpu_nodes:
+            self._gres(gpu_nodes, out)
         return out
+
+    def _gres(self, gpu_nodes: dict[str, str | LaunchError], out: dict[str, str | LaunchError]) -> None:
+        """Put the new GPU nodes' lines in the controller's gres.conf and reconfigure
+        slurmctld, before they start. A controller that does not answer yet (at create)
+        is reconfigured by start(), once it does."""
+        c = self.c
+        cids = {n: cid for n, cid in gpu_nodes.items() if isinstance(cid, str)}
+        try:
+            written = gpunodes.write_gres_conf(c, list(cids))
+        except (EngineError, GresError) as e:
+            for n, cid in cids.items():
+                c.p.remove_container(cid)
+                out[n] = LaunchError("GresConfigFailed", f"gres.conf of the controller: {str(e)[:300]}", retryable=True)
+            return
+        self._gpu_cids |= set(cids.values())
+        if written:
+            self.gres_pending = True
+            if c.slurm.ping():  # at create slurmctld is still starting: start() reconfigures
+                self._reconfigure()
+
+    def _reconfigure(self) -> str | None:
+        """Reconfigure slurmctld if gres.conf changed; why not, when it could not be."""
+        if not self.gres_pending:
+            return None
+        try:
+            self.c.slurm.reconfigure()
+        except OperationFailed as e:
+            log.info("reconfiguring slurmctld failed: %s (tried again before GPU nodes start)", e)
+            return str(e)
+        self.gres_pending = False
+        return None
 
     def _create_one(
         self,
@@ -110,7 +188,10 @@ class Launcher:
         drain_reason: str | None,
     ) -> str | LaunchError:
         c = self.c
-        spec = self.container_spec(group, index, gpus, drain_reason)
+        try:
+            spec = self.container_spec(group, index, gpus, drain_reason)
+        except (GpuWiringError, GresError) as e:
+            return LaunchError("GpuWiringFailed", str(e)[:300], retryable=True)
         try:
             cid = c.p.create_container(spec)
         except EngineError as e:
@@ -124,7 +205,20 @@ class Launcher:
             return classify(e, spec.name)
         return cid
 
+    def _is_gpu_node(self, cid: str) -> bool:
+        if cid in self._gpu_cids:
+            return True
+        try:  # e.g. a container left created by a crash, started by another Launcher
+            return bool(self.c.p.inspect(cid).labels.get(L_GPU_DEVICES))
+        except EngineError:
+            return False
+
     def start(self, cid: str) -> LaunchError | None:
+        if self.gres_pending and (why := self._reconfigure()) and self._is_gpu_node(cid):
+            # its slurmd would register without the gres.conf lines that name its GPUs
+            return LaunchError(
+                "GresConfigFailed", f"slurmctld not reconfigured for gres.conf: {why[:200]}", retryable=True
+            )
         try:
             self.c.p.start(cid)
             return None

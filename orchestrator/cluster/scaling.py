@@ -46,11 +46,12 @@ def bound_problems(c: Cluster, group: str, new_count: int) -> list[str]:
                 f"set MaxNodeCount in the spec, at most {SLURM_MAX_NODES}, to make room)"
             )
     itype = c.env.catalogue[g.InstanceType]
-    ceiling, why = capacity.ceiling(itype, capacity.host_pool(c.p))
+    ceiling, why = capacity.ceiling(itype, capacity.host_pool(c.p, c.store))
     same_type = sum(x.InstanceCount for x in spec.InstanceGroups if x.InstanceType == g.InstanceType and x is not g)
     if same_type + new_count > ceiling:
         problems.append(
-            f"{same_type + new_count} node(s) of {itype.name} in this cluster would be more than the host can ever "
+            f"InsufficientCapacity: {same_type + new_count} node(s) of {itype.name} in this cluster would be more "
+            f"than the host can ever "
             f"run: {ceiling} ({why})"
         )
     return problems

@@ -167,21 +167,25 @@ class DockerEngine:
             host_kw["cap_add"] = spec.cap_add
         if spec.security_opt:
             host_kw["security_opt"] = spec.security_opt
+        for b in spec.binds:  # "host:container:mode"
+            host, ctr, mode = b.rsplit(":", 2)
+            host_kw["binds"][host] = {"bind": ctr, "mode": mode}
         devices = list(spec.devices)
         env = dict(spec.environment)
-        if spec.gpus:
+        if spec.gpus:  # orchestrator/gpu/wiring.GpuWiring: the node's GPUs
             from docker.types import DeviceRequest
 
             devices += spec.gpus.devices
-            env.update(spec.gpus.environment)
-            for path in spec.gpus.binds_ro:
-                host_kw["binds"][path] = {"bind": path, "mode": "ro"}
+            env.update(spec.gpus.env)
+            for b in spec.gpus.binds:  # "host:container:ro"
+                host, ctr, mode = b.rsplit(":", 2)
+                host_kw["binds"][host] = {"bind": ctr, "mode": mode}
             if spec.gpus.device_requests:
-                host_kw["device_requests"] = [DeviceRequest(**r) for r in spec.gpus.device_requests]
+                host_kw["device_requests"] = [DeviceRequest(**dict(r)) for r in spec.gpus.device_requests]
         if devices:
             host_kw["devices"] = devices
         net_cfg = None
-        if spec.network and not spec.network_of:
+        if spec.network and spec.network != "none" and not spec.network_of:
             aliases = [spec.hostname] if spec.hostname else None
             net_cfg = api.create_networking_config({spec.network: api.create_endpoint_config(aliases=aliases)})
         with _errors(f"create container {spec.name}"):
@@ -305,6 +309,26 @@ class DockerEngine:
     def logs(self, container: str, tail: int | str = "all") -> str:
         with _errors(f"logs of {container}"):
             return self.api.logs(container, stdout=True, stderr=True, tail=tail).decode(errors="replace")
+
+    def follow_logs(self, container: str, since: float | None = None) -> _Lines:
+        with _errors(f"follow the logs of {container}"):
+            raw = self.api.logs(container, stdout=True, stderr=True, stream=True, follow=True, since=since or None)
+        return _Lines(raw, container)
+
+    def run_once(self, spec: ContainerSpec, timeout: float = 120.0) -> ExecResult:
+        import requests
+
+        cid = self.create_container(spec)
+        try:
+            self.start(cid)
+            with _errors(f"wait for {spec.name}"):
+                try:
+                    code = self.api.wait(cid, timeout=timeout).get("StatusCode", -1)
+                except requests.exceptions.ReadTimeout:
+                    raise EngineError(f"{spec.name} did not finish within {timeout:g} s", 408) from None
+            return ExecResult(int(code), self.logs(cid))
+        finally:
+            self.remove_container(cid)
 
     # -- exec -------------------------------------------------------------------------
     def exec(
@@ -485,6 +509,31 @@ class _Events:
                     exit_code=int(code) if code and code.lstrip("-").isdigit() else None,
                     host=self._host,
                 )
+
+    def close(self) -> None:
+        close = getattr(self._raw, "close", None)
+        if close is not None:
+            close()
+
+
+class _Lines:
+    """A closable iterator of a container's output lines over docker-py's log stream
+    (frames are not lines: they are joined and split here)."""
+
+    def __init__(self, raw: Any, container: str):
+        self._raw = raw
+        self._container = container
+
+    def __iter__(self) -> Iterator[str]:
+        buf = b""
+        with _errors(f"logs of {self._container}"):
+            for chunk in self._raw:
+                buf += chunk
+                *lines, buf = buf.split(b"\n")
+                for line in lines:
+                    yield line.decode(errors="replace")
+        if buf:
+            yield buf.decode(errors="replace")
 
     def close(self) -> None:
         close = getattr(self._raw, "close", None)

@@ -36,7 +36,7 @@ def mirror() -> str:
 
 @dataclass(frozen=True)
 class ImageDef:
-    name: str  # logical name: controller, login, worker, check-cpu
+    name: str  # logical name: controller, login, worker, check-cpu, check-gpu
     context: str  # folder under orchestrator/data/images
     target: str | None
 
@@ -50,6 +50,10 @@ NODE_IMAGES = (
     ImageDef("worker", "node", "worker"),
 )
 CHECK_IMAGES = (ImageDef("check-cpu", "check-cpu", None),)
+# The GPU check image (CuPy, nvidia-ml-py, CUDA and NCCL wheels from PyPI: ~2.2 GB, a
+# build of about a minute) is built only where it is needed: by `hp create` of a cluster
+# with GPU types, or `hp images build --gpu`. Not in ALL_IMAGES (`hp images build`).
+GPU_IMAGES = (ImageDef("check-gpu", "check-gpu", None),)
 ALL_IMAGES = NODE_IMAGES + CHECK_IMAGES
 
 
@@ -178,7 +182,7 @@ class Images:
         try:
             base_ref, base_id = self.base(make=False)
         except OperationFailed:
-            return [{"Image": d.repo(), "Tag": "", "Present": False} for d in ALL_IMAGES]
+            return [{"Image": d.repo(), "Tag": "", "Present": False} for d in ALL_IMAGES + GPU_IMAGES]
         return [
             {
                 "Image": d.repo(),
@@ -186,5 +190,5 @@ class Images:
                 "Present": self.exists(self.tag(d, base_id)),
                 "Base": base_ref,
             }
-            for d in ALL_IMAGES
+            for d in ALL_IMAGES + GPU_IMAGES
         ]

@@ -27,6 +27,7 @@ from .views import (
     EventStream,
     ExecHandle,
     ExecResult,
+    LineStream,
     Network,
     Volume,
 )
@@ -80,6 +81,16 @@ class Provider(Protocol):
     def inspect(self, container: str) -> ContainerDetails: ...
 
     def logs(self, container: str, tail: int | str = "all") -> str: ...
+
+    def follow_logs(self, container: str, since: float | None = None) -> LineStream:
+        """A container's output lines (stdout and stderr) as they come, from `since`
+        (epoch seconds; None: from its start), until it stops or close() is called.
+        One open stream per follower: it costs a blocked read, no polling."""
+
+    def run_once(self, spec: ContainerSpec, timeout: float = 120.0) -> ExecResult:
+        """Create, start and wait for a short-lived container; its exit code and output
+        (stdout and stderr). The container is removed whatever happens; one still
+        running after `timeout` seconds is killed (EngineError, status 408)."""
 
     def put_files(self, container: str, directory: str, files: FileMap) -> None:
         """Copy files into a container, created or running."""

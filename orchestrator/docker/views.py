@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ..gpu.wiring import GpuWiring
 from ..naming import L_GPUS, L_GROUP, L_INDEX, L_ITYPE, L_NODE, L_ROLE
 
 NODE_ROLES = ("controller", "login", "worker")  # not "check": health-check containers carry a node's labels too
@@ -192,21 +193,12 @@ class ExecResult:
 
 
 @dataclass
-class GpuWiring:
-    """How a container gets GPUs: engine device requests (NVIDIA runtime / CDI) or
-    plain device nodes plus the driver's files mounted read-only."""
-
-    device_requests: list[dict[str, Any]] = field(default_factory=list)  # {driver, device_ids, capabilities}
-    devices: list[str] = field(default_factory=list)  # "src:dst:rwm"
-    binds_ro: list[str] = field(default_factory=list)  # host paths mounted read-only at the same path
-    environment: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass
 class ContainerSpec:
     """A container to create. `network` attaches it to a named network (with its
-    hostname as alias); `network_of` puts it in another container's network namespace
-    (health-check containers)."""
+    hostname as alias; "none": no network at all); `network_of` puts it in another
+    container's network namespace (health-check containers). `gpus` is a node's GPU
+    wiring (orchestrator/gpu/wiring.py): devices, read-only binds, device requests and
+    environment the engine adds."""
 
     name: str
     image: str
@@ -216,6 +208,7 @@ class ContainerSpec:
     network_of: str | None = None
     environment: dict[str, str] = field(default_factory=dict)
     volumes: dict[str, str] = field(default_factory=dict)  # volume name -> mount path
+    binds: list[str] = field(default_factory=list)  # host paths: "host:container:ro" (or rw)
     cpu_limit: float | None = None  # cores (NanoCpus)
     cpu_quota: int | None = None  # or a CFS quota and period
     cpu_period: int | None = None
@@ -231,6 +224,14 @@ class ContainerSpec:
 
 class EventStream(Protocol):
     def __iter__(self) -> Iterator[Event]: ...
+
+    def close(self) -> None: ...
+
+
+class LineStream(Protocol):
+    """A container's output, line by line, as it comes; close() ends it (from any thread)."""
+
+    def __iter__(self) -> Iterator[str]: ...
 
     def close(self) -> None: ...
 

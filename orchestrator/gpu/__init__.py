@@ -8,8 +8,11 @@
 - gres: Slurm GRES for a dynamic GPU node (``Gres=`` for ``slurmd -Z --conf``,
   gres.conf lines, ``GresTypes``);
 - thresholds: per-model GPU thresholds shipped as data
-  (orchestrator/data/gpu-thresholds.yaml).
+  (orchestrator/data/gpu-thresholds.yaml);
+- host: discovery on a Docker host (two short containers, through the Provider
+  only), cached per engine in hp's store.
 
 Nothing here talks to Docker, runs a process or reads a file it was not given,
-except thresholds.load_thresholds, which reads the shipped YAML (and an overlay).
+except thresholds.load_thresholds, which reads the shipped YAML (and an overlay),
+and host.py, which runs its probe containers through the Provider.
 """

@@ -11,10 +11,10 @@ untouched (never rebooted or replaced).
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 
+from ..cluster import capacity
 from ..cluster.context import Cluster, parallel
 from ..docker.images import CHECK_IMAGES
 from ..errors import TRANSIENT, OperationFailed, report_bug
@@ -22,8 +22,10 @@ from ..recovery import actions as recovery
 from ..slurm.model import ONSTART_REASON, SlurmNode, health_reason, is_health_reason
 from ..spec.catalogue import InstanceType
 from ..state.phases import Phase
-from . import dcgm, sidecar
+from . import sidecar
 from .connectivity import run_connectivity
+from .gpu import FAILING, strongest
+from .gpucheck import GpuCheckOptions, run_gpu_check
 from .limits import CpuBudget, grant_problems
 from .logic import Outcome, claim
 from .records import Records, Result, output_dir
@@ -54,6 +56,10 @@ class NodeRun:
     itype: InstanceType
     failed: dict[str, Outcome] = field(default_factory=dict)  # check -> short why
     error: str = ""  # an internal error (a bug in hp): the node is not judged
+    # what recovery does when it failed: "" reboot, re-check, then replace (CPU checks);
+    # a GPU finding's action: "reboot" (the same), "replace" (at once), "none" (kept drained)
+    action: str = ""
+    condemned: list[str] = field(default_factory=list)  # GPUs a replace-class finding names: quarantined
 
 
 class Engine:
@@ -166,8 +172,9 @@ class Engine:
         row, r = self._row(run, "InstanceStress")
         cpus = sc.limits.granted_cpus or 1.0
         self.budget.acquire(cpus)
+        notes: list[str] = []
         try:
-            v, out = self.run_stress(run.itype, sc)
+            v, out, run.action, notes, run.condemned = self.run_stress(run.itype, sc)
         except TRANSIENT as e:  # the check could not run (engine, tool): a failed check
             v, out = Verdict(False, [f"check did not run: {e}"]), f"check did not run: {e}"
         except Exception as e:  # noqa: BLE001 - a bug: not a verdict on the node
@@ -175,12 +182,15 @@ class Engine:
             return
         finally:
             self.budget.release(cpus)
-        self._finish(row, r, "Passed" if v.passed else "Failed", v.reasons, v.figures, out)
+        self._finish(row, r, "Passed" if v.passed else "Failed", v.reasons + notes, v.figures, out)
         if not v.passed:
             run.failed["InstanceStress"] = v.reasons[0][:150]
 
-    def run_stress(self, itype: InstanceType, sc: sidecar.Sidecar) -> tuple[Verdict, str]:
-        """The stress run (and on GPU nodes the GPU checks) in the node's check container."""
+    def run_stress(self, itype: InstanceType, sc: sidecar.Sidecar) -> tuple[Verdict, str, str, list[str], list[str]]:
+        """The stress run (and on GPU nodes the GPU check) in the node's check
+        container(s): (verdict, output, recovery action, notes, condemned GPUs). The
+        action is the GPU findings' when the GPU check failed ("" otherwise: reboot,
+        re-check, replace)."""
         res = sidecar.run(self.c, sc, stress_command(self.opts.stress, sc.limits.granted_cpus))
         out = res.output
         _, _, code = split_output(out)
@@ -188,40 +198,38 @@ class Engine:
         v.reasons += grant_problems(itype, sc.limits, v.figures.get("cpus_used_total"))
         if code == -1 and res.exit_code != 0:
             v.reasons.append(f"the check's wrapper was killed (exit {res.exit_code}): out of memory?")
+        action, notes, condemned = "", [], []
         if itype.gpus:
-            gv, gout = self.run_gpu(itype, sc)
+            node = self.c.node_containers().get(sc.node)
+            if node is None:
+                raise OperationFailed(f"{sc.node} has no container any more")
+            g = run_gpu_check(self.c, node, itype, self.rid, GpuCheckOptions(dcgm_level=self.opts.dcgm_level))
+            gv, gout, condemned = g.verdict, g.output, g.condemned
+            self.gpu_events(sc.node, node.group, gv.findings)
+            if not gv.passed:
+                action = strongest(f.action for f in gv.findings if f.severity in FAILING)
+                if v.reasons:  # the CPU part failed too: the usual reboot-then-replace at least
+                    action = "replace" if action == "replace" else ""
             v.reasons += gv.reasons
+            notes = [f"note: {n}" for n in gv.notes]
             v.figures.update({f"gpu.{k}": x for k, x in gv.figures.items()})
             out += "\n\n==== GPU ====\n" + gout
         v.passed = not v.reasons
-        return v, out
+        return v, out, action, notes, condemned
 
-    def run_gpu(self, itype: InstanceType, sc: sidecar.Sidecar) -> tuple[Verdict, str]:
-        """`nvidia-smi -L` against the type's GPU count, then `dcgmi diag -r LEVEL -j` in the
-        DCGM image when one is configured (HP_DCGM_IMAGE): without one the result says
-        "DCGM not configured", never a silent pass nor a failure nobody asked for."""
-        reasons: list[str] = []
-        smi = sidecar.run(self.c, sc, ["nvidia-smi", "-L"])
-        seen = sum(1 for ln in smi.output.splitlines() if ln.startswith("GPU "))
-        if seen != itype.gpus:
-            reasons.append(f"nvidia-smi -L lists {seen} GPU(s), {itype.name} has {itype.gpus}")
-        figures = {"gpus_seen": float(seen), "gpus_expected": float(itype.gpus)}
-        out = smi.output
-        image = os.environ.get("HP_DCGM_IMAGE")
-        if not image:
-            return Verdict(not reasons, reasons, figures), out + "\nDCGM not configured (set HP_DCGM_IMAGE)\n"
-        node = self.c.node_containers().get(sc.node)
-        if node is None:
-            raise OperationFailed(f"{sc.node} has no container any more")
-        dsc = sidecar.start(self.c, node, image, self.rid)
-        try:
-            d = sidecar.run(self.c, dsc, dcgm.command(self.opts.dcgm_level))
-        finally:
-            sidecar.stop(self.c, dsc)
-        dv = dcgm.run_verdict(d.output, d.exit_code)
-        return Verdict(
-            not (reasons + dv.reasons), reasons + dv.reasons, {**figures, **dv.figures}
-        ), out + "\n" + d.output
+    def gpu_events(self, node: str, group: str, findings: list) -> None:
+        """GPU findings to monitor (application XIDs, correctable ECC): an event each,
+        never a reason to touch the node."""
+        for f in findings:
+            if f.action == "monitor":
+                self.c.store.event(
+                    self.c.name,
+                    "Instance",
+                    "Warning",
+                    f"Deep health check {self.rid} on {node}: GPU finding {f.code} (monitored, no action): {f.message}",
+                    group,
+                    node=node,
+                )
 
     def check(self, runs: list[NodeRun], peers: list[NodeRun] = ()) -> None:
         """Run the requested checks on `runs` (peers join the connectivity check only)."""
@@ -369,25 +377,29 @@ def _keep(eng: Engine, r: NodeRun) -> Outcome:
 
 def recover(eng: Engine, failed: list[NodeRun], anchor: list[NodeRun], verdicts: dict[str, Outcome]) -> list[NodeRun]:
     """Reboot the failed nodes and check them again (together, so that a connectivity
-    check has its peers); replace those that still fail and check again. Returns the
-    nodes that failed every time."""
+    check has its peers); replace those that still fail and check again. A GPU finding
+    decides otherwise: "replace" skips the reboot, "none" (a setup problem: wiring, a
+    missing image) touches nothing. Returns the nodes that failed every time."""
     c = eng.c
     for action, fn in (("reboot", recovery.reboot), ("replace", recovery.replace)):
-        if not failed:
-            break
+        todo = [r for r in failed if r.action != "none" and not (action == "reboot" and r.action == "replace")]
+        if not todo:
+            continue
 
         def act(r: NodeRun, action: str = action, fn=fn) -> bool:
             check, why = next(iter(r.failed.items()))
             # the node comes back drained with the check's reason: it takes no job
             # before it has passed the check again
             why_now = f"deep health check {eng.rid} {check} failed: {why}"
+            if action == "replace" and r.condemned:  # the replacement must get other GPUs
+                capacity.quarantine(c.store, r.condemned, f"{r.node}: {why_now}")
             try:
                 return fn(c, r.node, why_now, eng.opts.recovery_wait, keep_drained=eng.label())
             except OperationFailed as e:
                 r.failed = {check: f"{why}; {action} unavailable: {str(e)[:100]}"}
                 return False
 
-        back = [r for r, ok in zip(failed, parallel(act, failed), strict=True) if ok]
+        back = [r for r, ok in zip(todo, parallel(act, todo), strict=True) if ok]
         if not back:
             continue
         for r in back:
@@ -399,7 +411,7 @@ def recover(eng: Engine, failed: list[NodeRun], anchor: list[NodeRun], verdicts:
             if f.error:
                 verdicts[r.node] = Outcome("Error", f.error)
             elif f.failed:
-                r.failed = f.failed
+                r.failed, r.action, r.condemned = f.failed, f.action, f.condemned
             else:
                 verdicts[r.node] = Outcome("Passed", f"after {action}")
         eng.release([f.node for f in fresh if f.error or not f.failed])

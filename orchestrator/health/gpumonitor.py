@@ -30,9 +30,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..slurm.model import GPU_MONITOR_PREFIX
 from .gpu import FAILING, Finding, strongest, xid_finding
 
-DRAIN_PREFIX = "hp-gpu:"
+DRAIN_PREFIX = GPU_MONITOR_PREFIX
 REASON_MAX = 200
 
 

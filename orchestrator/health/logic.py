@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..slurm.model import SlurmNode, is_health_reason
+from ..slurm.model import SlurmNode, is_gpu_monitor_reason, is_health_reason
 
 CHECKS = ("InstanceStress", "InstanceConnectivity")
 
@@ -73,6 +73,8 @@ def claim(snode: SlurmNode | None, on_start: bool = False) -> Claim:
         return Claim(False, "waiting for its on-start deep health checks (drained until they pass)")
     if snode.drained:
         if is_health_reason(snode.reason):  # hp's own check (this or an earlier one): check again
+            return Claim(True)
+        if is_gpu_monitor_reason(snode.reason) and not on_start:  # hp's GPU monitor: a check may clear it
             return Claim(True)
         return Claim(
             False, f"already drained by someone else (reason: {snode.reason or 'none'}); hp leaves it as it is"

@@ -86,6 +86,10 @@ def start(
     cluster = env.cluster(name)
     checks = list(dict.fromkeys(checks or CHECKS))
     chosen, gs = plan(cluster, groups, nodes, checks)
+    if "InstanceStress" in checks and any(env.catalogue[g.InstanceType].gpus for g in map(cluster.group_of, gs)):
+        from .gpucheck import thresholds_checked
+
+        thresholds_checked()  # GPU nodes are judged against it: a bad file is bad input, now
     rec = Records(env.store)
     if (act := rec.active(name)) is not None:
         reap_dead(env, rec, act)  # its worker died: it no longer blocks this one

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from ..cluster.context import Cluster
 from ..docker.views import Container, ContainerSpec, ExecResult, Limits
+from ..gpu.wiring import GpuWiring
 from ..naming import L_REQUEST, labels
 
 
@@ -18,9 +19,10 @@ class Sidecar:
     limits: Limits
 
 
-def start(cluster: Cluster, node: Container, image: str, req: str) -> Sidecar:
+def start(cluster: Cluster, node: Container, image: str, req: str, gpus: GpuWiring | None = None) -> Sidecar:
     """Read the node's limits now (a `docker update` that cut them shows up here) and
-    start a check container that shares them and the node's network."""
+    start a check container that shares them and the node's network (and, with
+    `gpus`, the node's GPUs, wired as the node has them)."""
     p = cluster.p
     lim = p.inspect(node.id).limits
     lab = labels(cluster.name, "check", node.group, node.node)
@@ -35,6 +37,7 @@ def start(cluster: Cluster, node: Container, image: str, req: str) -> Sidecar:
         cpu_quota=lim.cpu_quota or None,
         cpu_period=lim.cpu_period or None,
         memory_bytes=lim.memory_bytes or None,
+        gpus=gpus,
     )
     cid = p.create_container(spec)
     p.start(cid)

@@ -37,6 +37,10 @@ class Slurm(Protocol):
     def delete(self, nodes: list[str]) -> None:
         """Remove dynamic nodes' records (Slurm refuses while they hold jobs)."""
 
+    def reconfigure(self) -> None:
+        """`scontrol reconfigure`: slurmctld reads its files again (gres.conf, which
+        configless ships to slurmds) and answers again before this returns."""
+
     def submit(
         self, container: str, script: str, output: str, args: list[str], user: str, workdir: str, env: dict[str, str]
     ) -> tuple[int | None, str]:
@@ -103,6 +107,16 @@ class SlurmCli:
     def delete(self, nodes: list[str]) -> None:
         if nodes:
             self._run("scontrol", "delete", f"nodename={','.join(nodes)}")
+
+    def reconfigure(self, timeout: float = 30.0) -> None:
+        import time
+
+        self._run("scontrol", "reconfigure")
+        deadline = time.monotonic() + timeout
+        while not self.ping():  # 24.11 re-executes slurmctld on reconfigure
+            if time.monotonic() > deadline:
+                raise OperationFailed(f"slurmctld did not answer within {timeout:g} s of 'scontrol reconfigure'")
+            time.sleep(0.2)
 
     def submit(
         self, container: str, script: str, output: str, args: list[str], user: str, workdir: str, env: dict[str, str]

@@ -18,11 +18,15 @@ def controller_host(spec: ClusterSpec) -> str:
     return node_name(spec.controller.InstanceGroupName, 1)
 
 
-def slurmd_conf(itype: InstanceType, feature: str, drain_reason: str | None = None) -> str:
+def slurmd_conf(itype: InstanceType, feature: str, drain_reason: str | None = None, gres: str | None = None) -> str:
     """The `slurmd -Z --conf` string that makes a dynamic node advertise its type (and,
-    with `drain_reason`, register drained: it takes no job until hp resumes it)."""
+    with `drain_reason`, register drained: it takes no job until hp resumes it).
+    `gres`: the node's `Gres=gpu:<type>:N` word (gpu/gres.slurmd_conf_gres) when its
+    GPUs are known; else a GPU type advertises an untyped `Gres=gpu:N`."""
     conf = f"CPUs={itype.vcpus} RealMemory={itype.memory_mib} Features={feature}"
-    if itype.gpus:
+    if gres:
+        conf += f" {gres}"
+    elif itype.gpus:
         conf += f" Gres=gpu:{itype.gpus}"
     if drain_reason:
         conf += f" State=DRAIN Reason={drain_reason}"

@@ -16,6 +16,8 @@ from ..errors import OperationFailed
 # -- reasons --------------------------------------------------------------------------
 HEALTH_PREFIX = "hp-health:"  # hp's deep health checks drain with hp-health:<request>:<check>[ failed: why]
 ONSTART_REASON = "hp-health:on-start:pending"  # new nodes of groups with on-start checks register drained so
+# hp's passive GPU monitor drains with hp-gpu:<action>:<finding code> <message> (health/gpumonitor.py)
+GPU_MONITOR_PREFIX = "hp-gpu:"
 REMOVING_REASON = "hp: removing node"  # scale-down / delete-nodes drain
 DELETING_REASON = "hp delete"  # the whole cluster goes
 ACTION_REBOOT = "Action:Reboot"  # an admin's recovery requests (HyperPod's convention)
@@ -42,6 +44,11 @@ def health_reason(request: str, check: str, why: str = "") -> str:
 def is_health_reason(reason: str, request: str | None = None) -> bool:
     """hp's own health-check drain (of `request`, or of any request and the on-start one)."""
     return reason.startswith(f"{HEALTH_PREFIX}{request}:" if request else HEALTH_PREFIX)
+
+
+def is_gpu_monitor_reason(reason: str) -> bool:
+    """A drain of hp's passive GPU monitor (a GPU finding on the node)."""
+    return reason.startswith(GPU_MONITOR_PREFIX)
 
 
 @dataclass(frozen=True)
@@ -101,9 +108,19 @@ class SlurmNode:
         return self.drained and self.reason.startswith(HEALTH_PREFIX) and " failed" in self.reason
 
     @property
+    def gpu_finding(self) -> bool:
+        """Drained by hp's passive GPU monitor; the monitor acts on it (reboot or
+        replace when its jobs end), recovery's table does not."""
+        return self.drained and is_gpu_monitor_reason(self.reason)
+
+    @property
     def admin_hold(self) -> bool:
         """Drained/down/failed by someone for a reason of their own (not Slurm's, not hp's)."""
-        return self.held and bool(self.reason) and not self.reason.startswith((*SLURM_OWN_REASONS, HEALTH_PREFIX))
+        return (
+            self.held
+            and bool(self.reason)
+            and not self.reason.startswith((*SLURM_OWN_REASONS, HEALTH_PREFIX, GPU_MONITOR_PREFIX))
+        )
 
     @property
     def needs_resume(self) -> bool:

@@ -19,6 +19,7 @@ class InstanceType:
     cpu_limit: float  # cores of the host the container may use (cgroup quota)
     memory_mib: int  # container memory limit and Slurm RealMemory
     gpus: int = 0
+    gpu_model: str | None = None  # hp's short model name (h200...); None: any model
     # Deep health-check thresholds (HealthThresholds in the YAML), e.g. IperfGbps.
     health: dict[str, float] = field(default_factory=dict, hash=False, compare=False)
 
@@ -36,21 +37,28 @@ def _parse(doc: object, source: str) -> dict[str, InstanceType]:
                 cpu_limit=float(f["CpuLimit"]),
                 memory_mib=int(f["MemoryMiB"]),
                 gpus=int(f.get("Gpus", 0)),
+                gpu_model=str(f["GpuModel"]) if f.get("GpuModel") else None,
                 health={str(k): float(v) for k, v in (f.get("HealthThresholds") or {}).items()},
             )
         except (KeyError, TypeError, ValueError) as e:
             problems.append(
-                f"{source}: {name}: needs VCpus, CpuLimit, MemoryMiB (and optional Gpus, HealthThresholds): {e}"
+                f"{source}: {name}: needs VCpus, CpuLimit, MemoryMiB (and optional Gpus, GpuModel, HealthThresholds): {e}"
             )
     if problems:
         raise BadInput(problems, "bad instance-type file")
     return out
 
 
-def load_catalogue(extra: str | os.PathLike[str] | None = None) -> dict[str, InstanceType]:
-    """The shipped catalogue, overlaid by `extra` or $HP_INSTANCE_TYPES if set."""
+def load_catalogue(
+    extra: str | os.PathLike[str] | None = None, discovered: dict[str, dict] | None = None
+) -> dict[str, InstanceType]:
+    """The shipped catalogue, then `discovered` types (GPU types named after the
+    host's GPUs: gpu/host.py), overlaid by `extra` or $HP_INSTANCE_TYPES if set."""
     text = resources.files("orchestrator").joinpath("data/instance-types.yaml").read_text()
     types = _parse(yaml.safe_load(text), "built-in catalogue")
+    if discovered:
+        found = _parse(discovered, "GPU types discovered on the Docker host")
+        types.update({k: v for k, v in found.items() if k not in types})
     extra = extra or os.environ.get("HP_INSTANCE_TYPES")
     if extra:
         p = Path(extra)

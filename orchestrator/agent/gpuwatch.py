@@ -1,0 +1,366 @@
+"""Passive GPU monitoring (HyperPod's health-monitoring agent), run by the cluster's
+agent on a thread of its own.
+
+Every running GPU node gets a monitor container (`hp-<cluster>-<node>-gpumon`: hp's
+GPU check image running hp_gpu_monitor.py, given the node's own GPUs, no network, a
+small CPU and memory ceiling). It sleeps in NVML's event wait and prints one JSON line
+per XID event and per counter snapshot (every HP_GPU_MONITOR_INTERVAL seconds, 30 by
+default). The agent follows each monitor's output through the Provider (one blocked
+log stream per node: no polling) and feeds it to health/gpumonitor.py's MonitorState,
+which reports only what is new. Then (gpumonitor.decide):
+
+- a failing finding drains the node with a reason naming it (`hp-gpu:<action>:<code>
+  <message>`, slurm/model.py), and records an event;
+- with `NodeRecovery: Automatic` a replace-class finding replaces the node at once
+  (its GPUs are quarantined first: capacity.quarantine, so the new node gets others),
+  a reboot-class one reboots it once its jobs have ended; the same finding again after
+  a reboot escalates to a replace (a container restart does not reset a GPU);
+- a monitor-class finding (application XIDs, correctable ECC rising) is an event only.
+
+Monitors go with their node: one whose node is gone, or was replaced (a new container:
+`io.hp.watches` names the container watched), is removed; cluster delete removes them
+with every container labelled for the cluster.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..cluster import capacity
+from ..cluster.context import Cluster, Env
+from ..docker.images import GPU_IMAGES
+from ..docker.views import Container, ContainerSpec, LineStream
+from ..errors import TRANSIENT, guarded
+from ..gpu.wiring import GpuWiringError
+from ..health.gpu import FAILING, Finding
+from ..health.gpucheck import condemned_gpus, node_wiring
+from ..health.gpumonitor import MonitorDecision, MonitorState, decide
+from ..naming import L_GPU_MODE, labels, monitor_name
+from ..recovery import actions
+from ..state.phases import Owner, owner
+
+log = logging.getLogger("hp.gpuwatch")
+
+MONITOR_PROGRAM = "/opt/hp-gpu/bin/hp_gpu_monitor.py"
+ROLE = "gpu-monitor"
+L_WATCHES = "io.hp.watches"  # the node container a monitor watches
+WIRED_MODES = ("runtime", "cdi", "devices")
+MONITOR_CPUS = 0.2  # a ceiling; it uses far less (bench/health.py measures it)
+MONITOR_MEMORY = 256 << 20
+STEP_S = 5.0
+RETRY_S = 30.0
+
+Act = Callable[[Cluster, str, str, str], bool]  # (cluster, action, node, reason) -> back?
+
+
+def interval() -> float:
+    try:
+        return float(os.environ.get("HP_GPU_MONITOR_INTERVAL", "30"))
+    except ValueError:
+        return 30.0
+
+
+def _act(cluster: Cluster, action: str, node: str, reason: str) -> bool:
+    fn = actions.replace if action == "replace" else actions.reboot
+    return fn(cluster, node, reason)
+
+
+@dataclass
+class Pending:
+    """A node drained for a finding, waiting to be acted on."""
+
+    action: str  # reboot | replace
+    at_once: bool
+    reason: str
+    codes: frozenset[str]
+
+
+class GpuWatch:
+    def __init__(self, env: Env, name: str, act: Act | None = None, step_s: float = STEP_S):
+        self.env = env
+        self.name = name
+        self.cluster = Cluster(env, name)
+        self.step_s = step_s
+        self._act = act or _act
+        self.lock = threading.RLock()
+        self.states: dict[str, MonitorState] = {}  # node -> what its monitor said so far
+        self.followers: dict[str, tuple[str, LineStream]] = {}  # node -> (monitor id, its open log stream)
+        self.pending: dict[str, Pending] = {}
+        self.rebooted_for: dict[str, set[str]] = {}  # node -> finding codes a reboot was tried for
+        self.busy: dict[str, threading.Thread] = {}
+        self.retry_at: dict[str, float] = {}  # node -> when to make its monitor again
+        self._said: set[str] = set()  # one-off events already recorded
+
+    # -- the loop ---------------------------------------------------------------------
+    def run(self, stop: threading.Event) -> None:
+        try:
+            while not stop.is_set():
+                if self.env.store.cluster(self.name) is None:
+                    break
+                try:
+                    self.step()
+                except TRANSIENT as e:
+                    log.warning("GPU monitors of %s: %s", self.name, e)
+                stop.wait(self.step_s)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        with self.lock:
+            streams = list(self.followers.values())
+            self.followers.clear()
+        for _, s in streams:
+            s.close()
+
+    def step(self) -> None:
+        """Monitors follow their nodes; due actions are taken."""
+        self.reconcile_monitors()
+        self.act_pending()
+
+    # -- monitors -----------------------------------------------------------------------
+    def _nodes_and_monitors(self) -> tuple[dict[str, Container], dict[str, Container]]:
+        nodes, monitors = {}, {}
+        for c in self.cluster.containers():
+            if c.role == ROLE and c.node:
+                monitors[c.node] = c
+            elif c.is_node and c.role == "worker" and c.node and c.gpus and c.labels.get(L_GPU_MODE) in WIRED_MODES:
+                nodes[c.node] = c
+        return nodes, monitors
+
+    def reconcile_monitors(self) -> None:
+        p = self.cluster.p
+        nodes, monitors = self._nodes_and_monitors()
+        for n, m in monitors.items():
+            node = nodes.get(n)
+            if node is None or m.labels.get(L_WATCHES) != node.id:  # its node is gone or was replaced
+                self._forget(n)
+                p.remove_container(m.id)
+                continue
+            if m.dead:
+                tail = p.logs(m.id, tail=3).strip().replace("\n", " | ")[-300:]
+                self._event("Warning", f"GPU monitor of {n} exited ({m.exit_code}): {tail}; made again", n, node.group)
+                self._forget(n)
+                p.remove_container(m.id)
+                self.retry_at[n] = time.monotonic() + RETRY_S
+        nodes, monitors = self._nodes_and_monitors()
+        for n, node in nodes.items():
+            if not node.running:
+                continue
+            m = monitors.get(n)
+            if m is None:
+                if time.monotonic() < self.retry_at.get(n, 0.0):
+                    continue
+                m = self._start_monitor(node)
+                if m is None:
+                    continue
+            if m.running:
+                self._follow(n, m.id, node)
+
+    def _start_monitor(self, node: Container) -> Container | None:
+        c, p = self.cluster, self.cluster.p
+        n = node.node or ""
+        image = c.env.images.refs(GPU_IMAGES)["check-gpu"]
+        if not c.env.images.exists(image):
+            self._event_once(
+                f"image:{image}",
+                "Warning",
+                f"GPU monitors cannot run: the GPU check image {image} is not built ('hp images build --gpu')",
+            )
+            return None
+        try:
+            wiring = node_wiring(c, node)
+        except GpuWiringError as e:
+            self._event_once(f"wiring:{n}", "Warning", f"GPU monitor of {n}: its GPUs cannot be given to it: {e}", n)
+            self.retry_at[n] = time.monotonic() + RETRY_S
+            return None
+        lab = labels(c.name, ROLE, node.group, n)
+        lab[L_WATCHES] = node.id
+        spec = ContainerSpec(
+            name=monitor_name(c.name, n),
+            image=image,
+            labels=lab,
+            network="none",
+            command=["python3", MONITOR_PROGRAM, "--interval", f"{interval():g}"],
+            cpu_limit=MONITOR_CPUS,
+            memory_bytes=MONITOR_MEMORY,
+            gpus=wiring,
+        )
+        try:
+            cid = p.create_container(spec)
+            p.start(cid)
+        except TRANSIENT as e:
+            log.warning("GPU monitor of %s: %s", n, e)
+            p.remove_container(spec.name)
+            self.retry_at[n] = time.monotonic() + RETRY_S
+            return None
+        with self.lock:
+            self.states[n] = MonitorState(expected_gpus=len(node.gpus))
+        log.info("GPU monitor of %s started", n)
+        return next((x for x in p.containers(c.name, {"io.hp.role": ROLE}) if x.id == cid), None)
+
+    def _follow(self, node: str, cid: str, ncont: Container) -> None:
+        with self.lock:
+            cur = self.followers.get(node)
+            if cur is not None and cur[0] == cid:
+                return
+            self.states.setdefault(node, MonitorState(expected_gpus=len(ncont.gpus)))
+        stream = self.cluster.p.follow_logs(cid)
+        with self.lock:
+            self.followers[node] = (cid, stream)
+        threading.Thread(target=self._read, args=(node, cid, stream), daemon=True, name=f"gpumon-{node}").start()
+
+    def _read(self, node: str, cid: str, stream: LineStream) -> None:
+        # a bug is reported; the node's monitor is followed again at the next step
+        guarded(self.env.store, self.name, f"the GPU monitor of {node}", log, self._read_lines, node, stream, node=node)
+        with self.lock:
+            if self.followers.get(node, ("",))[0] == cid:
+                del self.followers[node]
+
+    def _read_lines(self, node: str, stream: LineStream) -> None:
+        try:
+            for line in stream:
+                self.on_line(node, line)
+        except TRANSIENT as e:  # the stream broke: the next step follows again
+            log.info("GPU monitor of %s: %s", node, e)
+
+    def _forget(self, node: str) -> None:
+        with self.lock:
+            f = self.followers.pop(node, None)
+            self.states.pop(node, None)
+        if f is not None:
+            f[1].close()
+
+    # -- findings -----------------------------------------------------------------------
+    def on_line(self, node: str, line: str) -> MonitorDecision | None:
+        with self.lock:
+            state = self.states.setdefault(node, MonitorState())
+            findings = state.feed_line(line)
+        if not findings:
+            return None
+        return self.on_findings(node, findings)
+
+    def on_findings(self, node: str, findings: list[Finding]) -> MonitorDecision:
+        c = self.cluster
+        cont = c.node_containers().get(node)
+        group = cont.group if cont else None
+        for f in findings:
+            level = "Error" if f.severity in FAILING else ("Warning" if f.severity == "warning" else "Info")
+            self._event(
+                level, f"GPU monitor on {node}: {f.code} ({f.severity}, action {f.action}): {f.message}", node, group
+            )
+        d = decide(findings)
+        if not d.drain:
+            return d
+        codes = frozenset(f.code for f in findings if f.severity in FAILING)
+        action = d.action
+        if action == "reboot" and codes & self.rebooted_for.get(node, set()):
+            action = "replace"  # it came back after a reboot: the GPU needs more than a container restart
+        try:
+            c.slurm.drain([node], d.reason)
+        except TRANSIENT as e:
+            log.warning("drain %s for %s: %s", node, d.reason, e)
+        automatic = c.reload().NodeRecovery == "Automatic"
+        if action not in ("reboot", "replace") or not automatic:
+            why = "NodeRecovery is not Automatic" if action in ("reboot", "replace") else f"action {action}"
+            self._event("Warning", f"{node} drained for a GPU finding ({d.reason}); kept drained: {why}", node, group)
+            return d
+        if action == "replace" and cont is not None:
+            capacity.quarantine(c.store, self._bad_gpus(node, cont, findings), f"{node}: {d.reason}")
+        with self.lock:
+            self.pending[node] = Pending(action, action == "replace", d.reason, codes)
+        when = "now" if action == "replace" else "when its jobs have ended"
+        self._event(
+            "Warning",
+            f"{node} drained for a GPU finding ({d.reason}): it will be {'replaced' if action == 'replace' else 'rebooted'} {when}",
+            node,
+            group,
+        )
+        return MonitorDecision(d.drain, action, action == "replace", d.reason)
+
+    def _bad_gpus(self, node: str, cont: Container, findings: list[Finding]) -> list[str]:
+        """The node's GPUs a replace-class finding names (NVML index -> UUID through the
+        monitor's last snapshot); all of the node's when it names none."""
+        with self.lock:
+            st = self.states.get(node)
+            by_index = {
+                g.index: uuid for uuid, g in (st.last.gpus.items() if st and st.last else ()) if g.index is not None
+            }
+        return condemned_gpus(findings, by_index, cont.gpus)
+
+    def act_pending(self) -> None:
+        with self.lock:
+            if not self.pending:
+                return
+            todo = dict(self.pending)
+        c = self.cluster
+        try:
+            snodes = {n.name: n for n in c.slurm.nodes()}
+        except TRANSIENT:
+            return
+        latest = c.store.latest_phases(c.name)
+        now = time.time()
+        for node, pend in todo.items():
+            sn = snodes.get(node)
+            if sn is None or not sn.gpu_finding:  # resumed by someone, or a health check took it
+                with self.lock:
+                    self.pending.pop(node, None)
+                continue
+            phase, _, since = latest.get(node, ("", "", 0.0))
+            if owner(phase or None, since, now) not in (Owner.NONE, Owner.RECONCILER):
+                continue  # a health check or a recovery owns it now
+            if not pend.at_once and sn.busy:
+                continue  # jobs still running: never killed for a reboot
+            t = self.busy.get(node)
+            if t is not None and t.is_alive():
+                continue
+            with self.lock:
+                self.pending.pop(node, None)
+            t = threading.Thread(
+                target=guarded,
+                args=(
+                    self.env.store,
+                    self.name,
+                    f"GPU monitor {pend.action} of {node}",
+                    log,
+                    self._run_action,
+                    node,
+                    pend,
+                ),
+                kwargs={"node": node},
+                daemon=True,
+                name=f"gpumon-act-{node}",
+            )
+            self.busy[node] = t
+            t.start()
+
+    def _run_action(self, node: str, pend: Pending) -> None:
+        reason = f"GPU finding: {pend.reason}"
+        try:
+            ok = self._act(self.cluster, pend.action, node, reason)
+        except TRANSIENT as e:
+            log.warning("%s of %s failed: %s", pend.action, node, e)
+            ok = False
+        with self.lock:
+            if pend.action == "reboot":
+                self.rebooted_for.setdefault(node, set()).update(pend.codes)
+                st = self.states.get(node)
+                if st is not None:
+                    st.active.clear()  # a condition still there after the reboot is reported again
+            else:
+                self.rebooted_for.pop(node, None)
+        if not ok:
+            self._event("Error", f"{pend.action} of {node} for a GPU finding did not bring it back", node)
+
+    # -- events -------------------------------------------------------------------------
+    def _event(self, level: str, text: str, node: str | None = None, group: str | None = None) -> None:
+        self.env.store.event(self.name, "Instance" if node else "Cluster", level, text, group, node=node)
+
+    def _event_once(self, key: str, level: str, text: str, node: str | None = None) -> None:
+        if key not in self._said:
+            self._said.add(key)
+            self._event(level, text, node)
