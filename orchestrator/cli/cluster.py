@@ -30,24 +30,29 @@ def create(
     json_out: bool = JsonOpt,
 ) -> None:
     """Create a cluster: controller first, then login and compute groups in parallel."""
-    from ..cluster.create import CreateOptions, capacity_problems
+    from ..cluster.create import CreateOptions
     from ..cluster.create import create as do_create
     from ..cluster.query import describe
+    from ..spec.catalogue import load_catalogue
     from ..spec.loader import load_spec_file
-    from ..spec.model import DEFAULT_SPEC, with_overrides
+    from ..spec.model import DEFAULT_SPEC, uses_only, with_overrides
 
     out = Out(json_out)
-    e = env()
     raw = load_spec_file(spec_file) if spec_file else dict(DEFAULT_SPEC)
     problems = [f"--timeout must be positive, got {timeout:g}"] if timeout <= 0 else []
-    spec = with_overrides(raw, e.catalogue, name=name, mode=mode, problems=problems)
-    if dry_run:
-        e.provider.ping()
-        if problems := capacity_problems(e, spec):
-            raise BadInput(problems, "cannot create")
-        doc = {"ClusterName": spec.ClusterName, "Valid": True, "Spec": spec.model_dump(exclude_none=True)}
-        out.json(doc) if json_out else out.info(f"spec of cluster {spec.ClusterName} is valid; nothing was created")
+    # a spec of the shipped (or the user's) types is judged before anything else is made:
+    # no state, no engine; GPU types named after the host's GPUs need discovery
+    static = load_catalogue()
+    e = None if uses_only(raw, static, gpu_names=True) else env()
+    catalogue = static if e is None else e.catalogue
+    spec = with_overrides(raw, catalogue, name=name, mode=mode, problems=problems)
+    if dry_run:  # what hp would create; no state is made, and no engine is needed
+        dry_run_check(e, spec, catalogue)
+        out.json(spec.model_dump(exclude_none=True)) if json_out else out.info(
+            f"spec of cluster {spec.ClusterName} is valid; nothing was created"
+        )
         return
+    e = e or env()
     progress = CliProgress(out)
     do_create(e, spec, CreateOptions(wait=wait, timeout=timeout, retain=retain), progress)
     doc = describe(e, spec.ClusterName)
@@ -56,6 +61,23 @@ def create(
     else:
         out.info(f"{progress.elapsed()} cluster {spec.ClusterName} is {doc['ClusterStatus']}")
         print_groups(out, doc)
+
+
+def dry_run_check(e: Any, spec: Any, catalogue: dict) -> None:
+    """With an engine that answers, the host's capacity too (CPU types: no state is read)."""
+    from ..cluster import capacity
+    from ..cluster.create import capacity_problems
+    from ..docker.engine import DockerEngine
+    from ..errors import EngineUnavailable
+
+    provider = e.provider if e is not None else DockerEngine()
+    try:
+        pool = capacity.host_pool(provider, e.store if e is not None else None)
+    except EngineUnavailable:
+        Out().info("note: no Docker engine answers: the host's capacity was not checked")
+        return
+    if problems := capacity_problems(e, spec, pool, catalogue):
+        raise BadInput(problems, "cannot create")
 
 
 def print_groups(out: Out, doc: dict[str, Any]) -> None:

@@ -32,9 +32,9 @@ def start(
     json_out: bool = JsonOpt,
 ) -> None:
     """Start a deep health check; returns at once with the request id (work runs detached)."""
+    from ..errors import BadInput
     from ..health import service
 
-    e = env()
     out = Out(json_out)
     options = {
         "wait_idle_timeout": wait_idle_timeout,
@@ -43,6 +43,9 @@ def start(
         "dcgm_level": dcgm_level,
         "recovery_wait": recovery_wait,
     }
+    if problems := service.option_problems({**options, **({"timeout": timeout} if wait else {})}):
+        raise BadInput(problems, "invalid health-check request")  # before the store or Docker is touched
+    e = env()
     rid = service.start(e, name, group, node, check, options)
     if not wait:
         out.json({"ClusterName": name, "RequestId": rid}) if json_out else print(rid)

@@ -72,9 +72,12 @@ class Usage:
 DEFAULT_CPU_OVERCOMMIT = 4.0
 
 
-def host_pool(provider: Provider, store: Store) -> Pool:
+def host_pool(provider: Provider, store: Store | None) -> Pool:
+    """The host's pool; without a store (a dry run of CPU types) its GPUs are not looked at."""
     info = provider.info()
     factor = float(os.environ.get("HP_CPU_OVERCOMMIT", DEFAULT_CPU_OVERCOMMIT))
+    if store is None:
+        return Pool(cpus=float(info.cpus) * factor, memory_mib=info.memory_mib, gpus=[], gpu_models={}, gpu_note="")
     from ..gpu.host import discover
 
     try:

@@ -116,12 +116,12 @@ class Cluster:
             row = self.store.cluster(self.name)
             if row is None:
                 raise NotFound(f"cluster {self.name!r} does not exist")
-            self._spec = validate(row.spec, self.env.catalogue)
+            self._spec = validate(row.spec, self.env.catalogue, existing=True)
         return self._spec
 
     def reload(self, spec: dict | None = None) -> ClusterSpec:
         """Read the spec again (or take `spec`, a stored spec document just read)."""
-        self._spec = validate(spec, self.env.catalogue) if spec is not None else None
+        self._spec = validate(spec, self.env.catalogue, existing=True) if spec is not None else None
         return self.spec
 
     @property

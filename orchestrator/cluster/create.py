@@ -83,16 +83,19 @@ def image_defs(spec: ClusterSpec, catalogue: dict | None = None) -> tuple:
     return defs + (GPU_IMAGES if catalogue is not None and has_gpus(spec, catalogue) else ())
 
 
-def capacity_problems(env: Env, spec: ClusterSpec) -> list[str]:
+def capacity_problems(
+    env: Env, spec: ClusterSpec, pool: capacity.Pool | None = None, catalogue: dict | None = None
+) -> list[str]:
     """Instance types the spec asks more of than the host could ever run (the host's
     whole pool, every other node gone): refused before anything is made."""
-    pool = capacity.host_pool(env.provider, env.store)
+    pool = pool or capacity.host_pool(env.provider, env.store)
+    catalogue = catalogue or env.catalogue
     wanted: dict[str, int] = {}
     for g in spec.InstanceGroups:
         wanted[g.InstanceType] = wanted.get(g.InstanceType, 0) + g.InstanceCount
     problems = []
     for t, n in wanted.items():
-        most, why = capacity.ceiling(env.catalogue[t], pool)
+        most, why = capacity.ceiling(catalogue[t], pool)
         if n > most:
             problems.append(
                 f"InsufficientCapacity: {n} node(s) of {t} are more than this host can ever run: {most} ({why})"

@@ -15,29 +15,15 @@ from ..errors import BadInput, NotFound, OperationFailed, WaitTimeout
 from ..slurm.model import is_health_reason
 from ..state.phases import Phase
 from ..state.store import iso
+from . import options as option_rules
 from . import sidecar
 from .logic import CHECKS, validate_checks
 from .records import Records, Request, output_dir
-from .stress import StressOptions
-
-DCGM_LEVELS = (1, 2, 3, 4)
 
 
-def option_problems(options: dict[str, Any]) -> list[str]:
+def option_problems(opts: dict[str, Any]) -> list[str]:
     """Every problem with a request's options (validated before anything is touched)."""
-    problems = []
-    wit = options.get("wait_idle_timeout", 600)
-    if not isinstance(wit, (int, float)) or wit < 0:
-        problems.append(f"--wait-idle-timeout must be >= 0, got {wit!r}")
-    problems += StressOptions(options.get("stress_seconds", 3), options.get("vm_bytes", "64M")).problems()
-    if options.get("dcgm_level", 2) not in DCGM_LEVELS:
-        problems.append(
-            f"--dcgm-level must be one of {', '.join(map(str, DCGM_LEVELS))}, got {options.get('dcgm_level')!r}"
-        )
-    rw = options.get("recovery_wait", 90)
-    if not isinstance(rw, (int, float)) or rw <= 0:
-        problems.append(f"--recovery-wait must be > 0, got {rw!r}")
-    return problems
+    return option_rules.problems(opts)
 
 
 def plan(cluster: Cluster, groups: list[str], nodes: list[str], checks: list[str]) -> tuple[list[str], list[str]]:
@@ -86,6 +72,11 @@ def start(
     cluster = env.cluster(name)
     checks = list(dict.fromkeys(checks or CHECKS))
     chosen, gs = plan(cluster, groups, nodes, checks)
+    if "InstanceStress" in checks:  # the memory stressor must fit the smallest node checked
+        mem = min(env.catalogue[cluster.group_of(g).InstanceType].memory_mib for g in gs)
+        host = env.provider.info().memory_mib
+        if problems := option_rules.problems(options, node_memory_mib=mem, host_memory_mib=host):
+            raise BadInput(problems, "invalid health-check request")
     if "InstanceStress" in checks and any(env.catalogue[g.InstanceType].gpus for g in map(cluster.group_of, gs)):
         from .gpucheck import thresholds_checked
 

@@ -13,14 +13,13 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from ..spec.catalogue import InstanceType
+from . import options
 from .limits import thresholds
 from .verdict import ParseError, Verdict, num, verdict
 
 YAML_MARK = "@@HP-STRESS-YAML@@"
 RC_MARK = "@@HP-STRESS-RC="
 WRAPPER = "/usr/local/bin/hp-stress"  # in the check image: stress-ng "$@", then its YAML and exit status
-SIZE_RE = re.compile(r"^([1-9][0-9]{0,12})([KMGT]?)$|^([1-9][0-9]?|100)%$", re.IGNORECASE)
-MAX_SECONDS = 3600
 
 
 @dataclass(frozen=True)
@@ -29,30 +28,30 @@ class StressOptions:
     vm_bytes: str = "64M"
 
     def problems(self) -> list[str]:
-        """Every problem with the options (a size must be a size: 64M, 1G, 50%)."""
-        out = []
-        if not isinstance(self.seconds, int) or not 1 <= self.seconds <= MAX_SECONDS:
-            out.append(f"--stress-seconds must be between 1 and {MAX_SECONDS}, got {self.seconds!r}")
-        if not isinstance(self.vm_bytes, str) or not SIZE_RE.match(self.vm_bytes):
-            out.append(
-                f"--vm-bytes must be a size such as 64M, 1G or 50% (digits, then K, M, G, T or %), got {self.vm_bytes!r}"
-            )
-        return out
+        """Every problem with the options (a size must be a size: 64M, 1.5G, 5%)."""
+        return options.int_problems(
+            "--stress-seconds", self.seconds, *options.STRESS_SECONDS
+        ) + options.vm_bytes_problems(self.vm_bytes)
 
 
 def stress_command(opts: StressOptions, cpus: float | None) -> list[str]:
     """stress-ng with one CPU stressor per granted CPU (at least one) and one memory
-    stressor, verifying results; the wrapper prints its log, then its YAML metrics
-    and exit status. Options were validated (StressOptions.problems) and go as argv."""
-    n = max(1, math.ceil(cpus or 1))
+    stressor, verifying results; the wrapper prints its log, then its YAML metrics and
+    exit status. An argv list, the size as plain digits; ValueError on a value that is
+    not valid (a recorded request is checked again where it runs)."""
+    if bad := opts.problems():
+        raise ValueError("; ".join(bad))
+    kind, n = options.parse_size(opts.vm_bytes)  # type: ignore[misc]
+    size = f"{int(n)}%" if kind == "percent" else str(int(n))
+    cpu = max(1, math.ceil(cpus or 1))
     return [
         WRAPPER,
         "--cpu",
-        str(n),
+        str(cpu),
         "--vm",
         "1",
         "--vm-bytes",
-        opts.vm_bytes,
+        size,
         "--verify",
         "--metrics-brief",
         "--timeout",

@@ -7,6 +7,7 @@ import sys
 import traceback
 
 from ..cluster.context import Cluster, Env
+from . import options as option_rules
 from .engine import Options, run_and_record
 from .records import Records
 from .stress import StressOptions
@@ -28,6 +29,10 @@ def main(name: str, rid: str) -> int:
     req = Records(env.store).request(rid)
     if req is None:
         print(f"no health check {rid}", file=sys.stderr)
+        return 2
+    if bad := option_rules.problems(req.options):  # recorded before validation existed: touch nothing
+        Records(env.store).set_state(rid, "Failed", "invalid options: " + "; ".join(bad), ended=True)
+        print("invalid health-check request: " + "; ".join(bad), file=sys.stderr)
         return 2
     opts = options(req.options)
     opts.checks = req.checks

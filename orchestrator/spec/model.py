@@ -7,11 +7,13 @@ kind does: the user fixes a spec once, not once per error.
 from __future__ import annotations
 
 import re
+import reprlib
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import BadInput
+from . import names as specnames
 from .catalogue import InstanceType
 
 NAME_RE = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9])*$")
@@ -22,7 +24,8 @@ CHECKS = ("InstanceStress", "InstanceConnectivity")
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+    # strict: no coercion ("2" or True as an integer), so hp and the JSON Schema judge alike
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True, strict=True)
 
 
 class SlurmConfig(_Model):
@@ -136,7 +139,7 @@ def name_problem(what: str, name: object) -> str | None:
         return f"{what} must be a string"
     if len(name) > NAME_MAX:
         return f"{what} {name!r} is longer than {NAME_MAX} characters"
-    if not NAME_RE.match(name):
+    if not NAME_RE.fullmatch(name):  # not .match: "$" also matches before a final newline
         return f"{what} {name!r} must match [a-zA-Z0-9](-*[a-zA-Z0-9])*"
     return None
 
@@ -153,12 +156,17 @@ def _loc(loc: tuple[Any, ...]) -> str:
     return out or "(spec)"
 
 
-def _semantic_problems(raw: dict[str, Any], catalogue: dict[str, InstanceType]) -> list[str]:
+def _semantic_problems(raw: dict[str, Any], catalogue: dict[str, InstanceType], names: bool = True) -> list[str]:
     """Rules HyperPod enforces, checked on the raw document so that they are reported
-    together with type errors."""
+    together with type errors; with `names`, also the limits of the names hp derives
+    (names.py)."""
     problems: list[str] = []
-    if "ClusterName" in raw and (p := name_problem("ClusterName", raw["ClusterName"])):
+    cluster = raw.get("ClusterName")
+    if "ClusterName" in raw and (p := name_problem("ClusterName", cluster)):
         problems.append(p)
+        cluster = None
+    elif names and isinstance(cluster, str):
+        problems += specnames.cluster_name_problems(cluster)
     groups = raw.get("InstanceGroups")
     if not isinstance(groups, list):
         return problems
@@ -175,6 +183,8 @@ def _semantic_problems(raw: dict[str, Any], catalogue: dict[str, InstanceType]) 
         if name is not None and (p := name_problem(f"{path}.InstanceGroupName", name)):
             problems.append(p)
         elif isinstance(name, str):
+            if names and isinstance(cluster, str):
+                problems += specnames.group_name_problems(cluster, name, what=f"{path}.InstanceGroupName")
             if name.lower() in seen:
                 problems.append(
                     f"{path}.InstanceGroupName: {name!r} is already used by InstanceGroups[{seen[name.lower()]}]"
@@ -188,7 +198,7 @@ def _semantic_problems(raw: dict[str, Any], catalogue: dict[str, InstanceType]) 
         sc = g.get("SlurmConfig")
         ntype = sc.get("NodeType") if isinstance(sc, dict) else None
         count = g.get("InstanceCount")
-        if ntype in counts:
+        if isinstance(ntype, str) and ntype in counts:
             counts[ntype] += 1
         if isinstance(count, int) and not isinstance(count, bool):
             if count < 0:
@@ -207,10 +217,10 @@ def _semantic_problems(raw: dict[str, Any], catalogue: dict[str, InstanceType]) 
                     pn = parts[0]
                     if p := name_problem(f"{path}.SlurmConfig.PartitionNames[0]", pn):
                         problems.append(p)
-                    elif pn == "dev":
-                        problems.append(
-                            f"{path}.SlurmConfig.PartitionNames[0]: 'dev' is the default partition every compute node is in; pick another name"
-                        )
+                    elif pp := specnames.partition_name_problems(
+                        pn, what=f"{path}.SlurmConfig.PartitionNames[0]", keywords=names
+                    ):
+                        problems += pp
                     elif pn in partitions:
                         problems.append(
                             f"{path}.SlurmConfig.PartitionNames[0]: partition {pn!r} is already used by group {partitions[pn]!r}"
@@ -249,8 +259,12 @@ def _semantic_problems(raw: dict[str, Any], catalogue: dict[str, InstanceType]) 
     return problems
 
 
-def validate(raw: object, catalogue: dict[str, InstanceType], *, name: str | None = None) -> ClusterSpec:
-    """Validate a spec document; raise BadInput listing every problem."""
+def validate(
+    raw: object, catalogue: dict[str, InstanceType], *, name: str | None = None, existing: bool = False
+) -> ClusterSpec:
+    """Validate a spec document; raise BadInput listing every problem. `existing`: the
+    stored spec of a cluster that exists (the name limits of names.py, newer than some
+    clusters, are not applied: such a cluster must stay readable and deletable)."""
     if not isinstance(raw, dict):
         raise BadInput("the spec must be a mapping (YAML or JSON object)", "invalid cluster spec")
     raw = dict(raw)
@@ -269,11 +283,38 @@ def validate(raw: object, catalogue: dict[str, InstanceType], *, name: str | Non
             elif kind == "missing":
                 problems.append(f"{loc}: required")
             else:
-                problems.append(f"{loc}: {err['msg']} (got {err.get('input')!r})")
-    problems += _semantic_problems(raw, catalogue)
+                problems.append(f"{loc}: {err['msg']} (got {_short(err.get('input'))})")
+    problems += _semantic_problems(raw, catalogue, names=not existing)
     if problems or spec is None:
         raise BadInput(problems, "invalid cluster spec")
     return spec
+
+
+def _short(value: object, limit: int = 80) -> str:
+    """A value for a message: its repr, cut (a free-form value may be large)."""
+    r = reprlib.Repr()
+    r.maxstring = r.maxother = limit
+    r.maxlist = r.maxdict = 5
+    r.maxlevel = 3
+    text = r.repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+GPU_TYPE_RE = re.compile(r"[a-z0-9][a-z0-9-]*\.\d+x")  # types named after a host's GPUs: h200.1x, h100.8x
+
+
+def uses_only(raw: object, catalogue: dict[str, InstanceType], gpu_names: bool = False) -> bool:
+    """Does a spec document name only instance types of `catalogue`? With `gpu_names`, an
+    unknown name that cannot be a GPU type named after the host's GPUs counts too (it is
+    unknown however many GPUs the host has)."""
+    groups = raw.get("InstanceGroups") if isinstance(raw, dict) else None
+    if not isinstance(groups, list):
+        return True
+    for g in groups:
+        t = g.get("InstanceType") if isinstance(g, dict) else None
+        if isinstance(t, str) and t not in catalogue and (not gpu_names or GPU_TYPE_RE.fullmatch(t)):
+            return False
+    return True
 
 
 MODES = {"continuous": "Continuous", "all-or-nothing": None}

@@ -22,6 +22,7 @@ from orchestrator.errors import BadInput
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMAS = ROOT / "schemas"
+INPUT_SCHEMAS = {"cluster-spec"}  # what hp reads (hp create -f), not a command's --json output
 
 
 def json_commands() -> Iterator[tuple[str, bool]]:
@@ -37,7 +38,7 @@ def json_commands() -> Iterator[tuple[str, bool]]:
 
 def test_every_json_command_has_a_schema_and_every_schema_a_command() -> None:
     with_json = {n for n, j in json_commands() if j}
-    files = {p.name.removesuffix(".schema.json") for p in SCHEMAS.glob("*.schema.json")}
+    files = {p.name.removesuffix(".schema.json") for p in SCHEMAS.glob("*.schema.json")} - INPUT_SCHEMAS
     assert with_json - files == set(), "commands with --json but no schemas/<command>.schema.json"
     assert files - with_json == set(), "schemas for commands that do not exist (or lost --json)"
     assert {

@@ -1,0 +1,243 @@
+"""Process control of the per-cluster agents (orchestrator/agent/process.py): alive means
+holding the cluster's lock file. The only processes started here are tiny stand-ins
+that hold the lock the way `python -m orchestrator.agent` does (daemon.main) and talk to
+nothing; the agent itself is never started (subprocess.Popen is replaced where ensure()
+would start one)."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from orchestrator.agent import process
+from orchestrator.agent.process import DEAD_STATUSES, AgentProcesses, paths
+from orchestrator.state.store import Store
+
+# Holds the lock and writes its pid as daemon.main does; reports SIGUSR1 (poke) on stdout.
+HOLDER = r"""
+import fcntl, os, signal, sys, time
+lock, pidf, ignore_term = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+if ignore_term:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+signal.signal(signal.SIGUSR1, lambda *_: print("poked", flush=True))
+f = open(lock, "a+")
+fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+open(pidf, "w").write(str(os.getpid()))
+print("ready", flush=True)
+while True:
+    time.sleep(0.01)
+"""
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    s = Store(tmp_path / "hphome")
+    s.add_cluster("lab", {"ClusterName": "lab"}, "InService")
+    return s
+
+
+@pytest.fixture
+def holders(store: Store) -> Iterator[list[subprocess.Popen[str]]]:
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    for p in started:
+        if p.poll() is None:
+            p.kill()
+        p.wait(5)
+
+
+def hold(store: Store, holders: list[subprocess.Popen[str]], name: str = "lab", ignore_term: bool = False):
+    lock, pidf, _ = paths(store.home, name)
+    p = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(lock), str(pidf), "1" if ignore_term else "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    holders.append(p)
+    assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    return p
+
+
+def dead_pid() -> int:
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
+
+
+@pytest.fixture
+def no_popen(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[str], dict[str, Any]]]:
+    """ensure() may start an agent: record what it would have run instead."""
+    started: list[tuple[list[str], dict[str, Any]]] = []
+
+    class Popen:
+        def __init__(self, argv: list[str], **kw: Any):
+            started.append((argv, kw))
+            self.pid = 424242
+
+    monkeypatch.setattr(process, "subprocess", SimpleNamespace(Popen=Popen, DEVNULL=subprocess.DEVNULL))
+    return started
+
+
+def test_paths_are_per_cluster_in_a_private_folder(tmp_path: Path) -> None:
+    lock, pidf, log = paths(tmp_path, "lab")
+    d = tmp_path / "clusters" / "lab"
+    assert (lock, pidf, log) == (d / "agent.lock", d / "agent.pid", d / "agent.log")
+    assert stat.S_IMODE(d.stat().st_mode) == 0o700
+
+
+def test_pid_is_none_without_a_holder_and_the_lock_is_left_free(store: Store) -> None:
+    a = AgentProcesses(store)
+    assert a.pid("lab") is None
+    lock, _, _ = paths(store.home, "lab")
+    with open(lock, "a+") as f:  # pid() let go of it
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def test_pid_of_a_lock_held_by_another_open_file_description(store: Store) -> None:
+    """flock locks belong to open file descriptions: one held through another open() of
+    the same file, even in this very process, is someone else's."""
+    a = AgentProcesses(store)
+    lock, pidf, _ = paths(store.home, "lab")
+    with open(lock, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        assert a.pid("lab") == -1  # alive, pid not written yet
+        pidf.write_text("not a pid\n")
+        assert a.pid("lab") == -1
+        pidf.write_text("12345\n")
+        assert a.pid("lab") == 12345
+    assert a.pid("lab") is None  # released: no agent
+
+
+def test_pid_of_a_real_holder_process(store: Store, holders: list) -> None:
+    p = hold(store, holders)
+    assert AgentProcesses(store).pid("lab") == p.pid
+    assert AgentProcesses(store).pid("other") is None  # per cluster
+
+
+def test_creation_lock_makes_the_agent_look_alive_and_is_released(store: Store) -> None:
+    a = AgentProcesses(store)
+    with a.creation_lock("lab"):
+        assert a.pid("lab") == -1  # an agent started now would see the lock and not start
+    assert a.pid("lab") is None
+    with pytest.raises(RuntimeError):
+        with a.creation_lock("lab"):
+            raise RuntimeError("create failed")
+    assert a.pid("lab") is None  # released on failure too
+
+
+def test_home_defaults_to_hp_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, no_popen: list) -> None:
+    monkeypatch.setenv("HP_HOME", str(tmp_path / "envhome"))
+    a = AgentProcesses()
+    assert a.pid("lab") is None
+    assert (tmp_path / "envhome" / "clusters" / "lab").is_dir()
+    assert a.ensure("lab") == {"Alive": False, "Pid": None, "Restarted": False}  # no such cluster there
+    assert no_popen == []
+
+
+@pytest.mark.parametrize("status", DEAD_STATUSES)
+def test_ensure_starts_nothing_for_a_cluster_going_away(store: Store, no_popen: list, status: str) -> None:
+    store.set_status("lab", status, "x")
+    assert AgentProcesses(store).ensure("lab") == {"Alive": False, "Pid": None, "Restarted": False}
+    assert no_popen == []
+
+
+def test_ensure_starts_nothing_for_an_unknown_cluster(store: Store, no_popen: list) -> None:
+    assert AgentProcesses(store).ensure("nope") == {"Alive": False, "Pid": None, "Restarted": False}
+    assert no_popen == []
+
+
+def test_ensure_leaves_a_live_agent_alone(store: Store, holders: list, no_popen: list) -> None:
+    p = hold(store, holders)
+    assert AgentProcesses(store).ensure("lab") == {"Alive": True, "Pid": p.pid, "Restarted": False}
+    assert no_popen == []
+
+
+def test_ensure_starts_a_detached_agent_with_its_home_and_log(store: Store, no_popen: list) -> None:
+    assert AgentProcesses(store).ensure("lab") == {"Alive": True, "Pid": 424242, "Restarted": True}
+    [(argv, kw)] = no_popen
+    assert argv == [sys.executable, "-m", "orchestrator.agent", "lab"]
+    assert kw["start_new_session"] and kw["close_fds"] and kw["stdin"] == subprocess.DEVNULL
+    assert kw["env"]["HP_HOME"] == str(store.home)
+    _, _, log = paths(store.home, "lab")
+    assert kw["stdout"].name == str(log) and kw["stderr"] is kw["stdout"] and log.exists()
+
+
+def test_poke_sends_sigusr1_to_the_live_agent(store: Store, holders: list) -> None:
+    p = hold(store, holders)
+    AgentProcesses(store).poke("lab")
+    assert p.stdout.readline().strip() == "poked"
+    assert p.poll() is None  # woken, not stopped
+
+
+def test_poke_and_stop_of_an_absent_or_dead_agent_do_nothing(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a = AgentProcesses(store)
+    sent: list[tuple[int, int]] = []
+    real_kill = os.kill
+
+    def kill(pid: int, sig: int) -> None:
+        sent.append((pid, sig))
+        real_kill(pid, sig)
+
+    monkeypatch.setattr(process.os, "kill", kill)
+    a.poke("lab")
+    a.stop("lab")
+    assert sent == []  # nothing holds the lock: nobody to signal
+    lock, pidf, _ = paths(store.home, "lab")
+    gone = dead_pid()
+    with open(lock, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        a.poke("lab")
+        a.stop("lab")  # -1: alive, pid unknown: never signal a guess
+        assert sent == []
+        pidf.write_text(str(gone))
+        a.poke("lab")  # the pid it wrote has exited: no error
+        a.stop("lab")
+    assert sent == [(gone, signal.SIGUSR1), (gone, signal.SIGTERM)]
+
+
+def test_stop_terminates_the_agent_and_waits_for_the_lock(store: Store, holders: list) -> None:
+    p = hold(store, holders)
+    a = AgentProcesses(store)
+    a.stop("lab", timeout=5)
+    assert a.pid("lab") is None
+    assert p.wait(5) == -signal.SIGTERM
+
+
+def test_stop_kills_an_agent_that_ignores_sigterm(store: Store, holders: list) -> None:
+    p = hold(store, holders, ignore_term=True)
+    a = AgentProcesses(store)
+    a.stop("lab", timeout=0.2)
+    assert p.wait(5) == -signal.SIGKILL
+    assert a.pid("lab") is None
+
+
+def test_stop_when_the_agent_is_gone_before_the_kill(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Still holding the lock at the deadline, gone when SIGKILL is sent: no error."""
+    a = AgentProcesses(store)
+    lock, pidf, _ = paths(store.home, "lab")
+    gone = dead_pid()
+    sigs: list[int] = []
+
+    def kill(pid: int, sig: int) -> None:
+        sigs.append(sig)
+        if sig == signal.SIGKILL:
+            raise ProcessLookupError
+
+    monkeypatch.setattr(process.os, "kill", kill)
+    with open(lock, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        pidf.write_text(str(gone))
+        a.stop("lab", timeout=0.05)
+    assert sigs == [signal.SIGTERM, signal.SIGKILL]
