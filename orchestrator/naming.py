@@ -16,6 +16,7 @@ L_GPU_MODE = f"{LABEL_PREFIX}.gpu-mode"  # how they are given: runtime | cdi | d
 L_GPU_MODEL = f"{LABEL_PREFIX}.gpu-model"  # hp's model name of a node's GPUs (h200...)
 L_GPU_DEVICES = f"{LABEL_PREFIX}.gpu-devices"  # their /dev/nvidiaN, in the node's order (gres.conf File=)
 L_REQUEST = f"{LABEL_PREFIX}.health-request"  # a check container's health-check request
+L_HOST = f"{LABEL_PREFIX}.host"  # the registered host a container was placed on (multi-host only)
 
 ROLE_BY_NODE_TYPE = {"Controller": "controller", "Login": "login", "Compute": "worker"}
 
@@ -61,6 +62,13 @@ def container_name(cluster: str, node: str) -> str:
 
 def network_name(cluster: str) -> str:
     return f"hp-{cluster}"
+
+
+def fileserver_name(cluster: str) -> str:
+    """A multi-host cluster's /home file server (GlusterFS), on the controller's host;
+    also its DNS name on the cluster's overlay network. Never a node's name: those end
+    in -<index>."""
+    return f"hp-{cluster}-home"
 
 
 def monitor_name(cluster: str, node: str) -> str:

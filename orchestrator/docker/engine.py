@@ -10,7 +10,7 @@ import io
 import os
 import tarfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -65,38 +65,78 @@ def _errors(what: str) -> Iterator[None]:
 
 
 class DockerEngine:
-    """The Provider (provider.py) on one Docker engine."""
+    """The Provider (provider.py) on one Docker engine.
 
-    def __init__(self, base_url: str | None = None, pool_size: int = 64, name: str = ""):
+    `base_url`: unix://, tcp:// (with `tls_dir` holding ca.pem, cert.pem and key.pem for
+    TLS) or ssh://user@host (through the system's ssh client); None: DOCKER_HOST or the
+    local socket. `cpus` / `memory_mib` replace what the engine reports about its host
+    (a registered host's capacity override: Docker-in-Docker test hosts all report the
+    whole machine). `timeout`: seconds per API call (docker-py's default 60)."""
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        pool_size: int = 64,
+        name: str = "",
+        *,
+        timeout: float | None = None,
+        cpus: int | None = None,
+        memory_mib: int | None = None,
+        tls_dir: str | None = None,
+    ):
         self._base_url = base_url
         self._pool_size = pool_size
+        self._timeout = timeout
+        self._tls_dir = tls_dir
+        self._cpus = cpus
+        self._memory_mib = memory_mib
         self._api: Any = None
         self._info: EngineInfo | None = None
         self.name = name
+
+    @property
+    def base_url(self) -> str:
+        return self._base_url or os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
 
     @property
     def api(self) -> Any:
         if self._api is None:
             import docker  # imported lazily: `hp --help` and spec validation need no engine
 
-            where = self._base_url or os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+            where = self.base_url
+            kw: dict[str, Any] = {"max_pool_size": self._pool_size, "version": "auto"}
+            if self._timeout:
+                kw["timeout"] = self._timeout
             try:
                 if self._base_url:
-                    self._api = docker.APIClient(base_url=self._base_url, max_pool_size=self._pool_size, version="auto")
+                    if self._base_url.startswith("ssh://"):
+                        kw["use_ssh_client"] = True  # the system's ssh (keys, agent, ~/.ssh/config)
+                    if self._tls_dir:
+                        d = Path(self._tls_dir)
+                        kw["tls"] = docker.tls.TLSConfig(
+                            client_cert=(str(d / "cert.pem"), str(d / "key.pem")),
+                            ca_cert=str(d / "ca.pem"),
+                            verify=True,
+                        )
+                    self._api = docker.APIClient(base_url=self._base_url, **kw)
                 else:
-                    kw = docker.utils.kwargs_from_env()
-                    self._api = docker.APIClient(max_pool_size=self._pool_size, version="auto", **kw)
+                    self._api = docker.APIClient(**kw, **docker.utils.kwargs_from_env())
             except docker.errors.DockerException as e:
                 raise EngineUnavailable(DOCKER_HELP.format(detail=f" at {where} ({_short(e)})")) from None
         return self._api
 
-    def ping(self) -> None:
+    def ping(self, timeout: float | None = None) -> None:
+        """Raise EngineUnavailable unless the engine answers (within `timeout` seconds)."""
         with _errors("ping"):
-            self.api.ping()
+            if timeout is None:
+                self.api.ping()
+            else:
+                api = self.api
+                api._result(api._get(api._url("/_ping"), timeout=timeout))
 
-    def info(self) -> EngineInfo:
-        """The engine's host facts; fetched once per provider."""
-        if self._info is None:
+    def info(self, refresh: bool = False) -> EngineInfo:
+        """The engine's host facts; fetched once per provider (again with `refresh`)."""
+        if self._info is None or refresh:
             with _errors("engine info"):
                 d = self.api.info()
             swarm = d.get("Swarm") or {}
@@ -105,19 +145,102 @@ class DockerEngine:
                 server_version=d.get("ServerVersion", ""),
                 os=d.get("OperatingSystem", ""),
                 arch=d.get("Architecture", ""),
-                cpus=int(d.get("NCPU") or os.cpu_count() or 1),
-                memory_bytes=int(d.get("MemTotal") or 0),
+                cpus=self._cpus or int(d.get("NCPU") or os.cpu_count() or 1),
+                memory_bytes=self._memory_mib * 2**20 if self._memory_mib else int(d.get("MemTotal") or 0),
                 runtimes=tuple(sorted((d.get("Runtimes") or {}).keys())),
                 cdi_spec_dirs=tuple(d.get("CDISpecDirs") or ()),
                 swarm_state=swarm.get("LocalNodeState", "inactive") or "inactive",
                 swarm_node_id=swarm.get("NodeID", "") or "",
                 swarm_manager=bool(swarm.get("ControlAvailable")),
                 cgroup_version=str(d.get("CgroupVersion", "")),
+                swarm_addr=swarm.get("NodeAddr", "") or "",
+                swarm_cluster_id=((swarm.get("Cluster") or {}).get("ID", "") or ""),
             )
         return self._info
 
+    # -- the multi-host provider's part: engines, swarm ------------------------------
+    def engines(self) -> dict[str, Any]:
+        return {"": self}
+
+    def unreachable(self, refresh: bool = False) -> dict[str, str]:
+        return {}
+
+    def prepare_images(self, refs: list[str], log: Log) -> None:
+        """One engine holds its own images: nothing to do."""
+
+    def create_overlay(self, name: str, labels: dict[str, str], encrypted: bool = False, mtu: int | None = None) -> str:
+        """An attachable overlay network (this engine must be a swarm manager)."""
+        opts: dict[str, str] = {}
+        if encrypted:
+            opts["encrypted"] = "true"
+        if mtu:
+            opts["com.docker.network.driver.mtu"] = str(mtu)
+        with _errors(f"create overlay network {name}"):
+            res = self.api.create_network(
+                name, driver="overlay", attachable=True, options=opts or None, labels=labels, check_duplicate=True
+            )
+        return res["Id"]
+
+    def swarm_init(self, advertise_addr: str | None) -> None:
+        with _errors("swarm init"):
+            self.api.init_swarm(advertise_addr=advertise_addr, listen_addr="0.0.0.0:2377")
+        self._info = None
+
+    def swarm_join(self, managers: list[str], token: str, advertise_addr: str | None) -> None:
+        with _errors("swarm join"):
+            self.api.join_swarm(
+                remote_addrs=managers, join_token=token, advertise_addr=advertise_addr, listen_addr="0.0.0.0:2377"
+            )
+        self._info = None
+
+    def swarm_leave(self) -> None:
+        try:
+            with _errors("swarm leave"):
+                self.api.leave_swarm(force=True)
+        except EngineError as e:
+            if e.status not in (406, 503):  # not part of a swarm
+                raise
+        self._info = None
+
+    def swarm_tokens(self) -> dict[str, str]:
+        """{'Worker': ..., 'Manager': ...} (on a manager)."""
+        with _errors("swarm inspect"):
+            return dict(self.api.inspect_swarm().get("JoinTokens") or {})
+
+    def swarm_nodes(self) -> list[dict[str, str]]:
+        """The swarm's nodes as a manager sees them: id, hostname, role, state, addr, reachability."""
+        with _errors("swarm nodes"):
+            raw = self.api.nodes()
+        return [
+            {
+                "id": n["ID"],
+                "hostname": (n.get("Description") or {}).get("Hostname", ""),
+                "role": (n.get("Spec") or {}).get("Role", ""),
+                "availability": (n.get("Spec") or {}).get("Availability", ""),
+                "state": (n.get("Status") or {}).get("State", ""),
+                "addr": (n.get("Status") or {}).get("Addr", ""),
+                "reachability": (n.get("ManagerStatus") or {}).get("Reachability", ""),
+                "leader": "1" if (n.get("ManagerStatus") or {}).get("Leader") else "",
+            }
+            for n in raw
+        ]
+
+    def swarm_set_role(self, node_id: str, role: str) -> None:
+        """Promote (manager) or demote (worker) a swarm node (on a manager)."""
+        with _errors(f"swarm node {node_id[:12]} to {role}"):
+            n = self.api.inspect_node(node_id)
+            spec = dict(n["Spec"])
+            spec["Role"] = role
+            self.api.update_node(node_id, n["Version"]["Index"], spec)
+
+    def swarm_remove_node(self, node_id: str) -> None:
+        with _ignore_missing(), _errors(f"remove swarm node {node_id[:12]}"):
+            self.api.remove_node(node_id, force=True)
+
     # -- networks and volumes ---------------------------------------------------------
-    def create_network(self, name: str, labels: dict[str, str]) -> str:
+    def create_network(self, name: str, labels: dict[str, str], encrypted: bool = False) -> str:
+        if encrypted:  # a bridge stays on one host: there is nothing to encrypt
+            raise EngineError(f"create network {name}: an encrypted network needs registered hosts (hp hosts add)")
         with _errors(f"create network {name}"):
             return self.api.create_network(name, driver="bridge", labels=labels, check_duplicate=True)["Id"]
 
@@ -152,6 +275,8 @@ class DockerEngine:
         }
         if spec.network_of:
             host_kw["network_mode"] = f"container:{spec.network_of}"
+        elif spec.network == "host":  # a probe of the host's own network (multi-host MTU)
+            host_kw["network_mode"] = "host"
         elif spec.network:
             host_kw["network_mode"] = spec.network
         if spec.cpu_limit:
@@ -185,7 +310,7 @@ class DockerEngine:
         if devices:
             host_kw["devices"] = devices
         net_cfg = None
-        if spec.network and spec.network != "none" and not spec.network_of:
+        if spec.network and spec.network not in ("none", "host") and not spec.network_of:
             aliases = [spec.hostname] if spec.hostname else None
             net_cfg = api.create_networking_config({spec.network: api.create_endpoint_config(aliases=aliases)})
         with _errors(f"create container {spec.name}"):
@@ -193,7 +318,7 @@ class DockerEngine:
                 spec.image,
                 command=spec.command,
                 name=spec.name,
-                hostname=spec.hostname if not spec.network_of else None,
+                hostname=spec.hostname if not spec.network_of and spec.network != "host" else None,
                 labels=spec.labels,
                 environment=env,
                 ports=list(spec.ports) or None,
@@ -469,7 +594,7 @@ class DockerEngine:
             api._raise_for_status(res)
             yield from api._stream_raw_result(res, chunk_size, False)
 
-    def load_images(self, data: IO[bytes] | bytes) -> list[str]:
+    def load_images(self, data: IO[bytes] | bytes | Iterable[bytes]) -> list[str]:
         msgs = []
         with _errors("load images"):
             for chunk in self.api.load_image(data, quiet=True):

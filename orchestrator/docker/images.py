@@ -36,9 +36,10 @@ def mirror() -> str:
 
 @dataclass(frozen=True)
 class ImageDef:
-    name: str  # logical name: controller, login, worker, check-cpu, check-gpu
+    name: str  # logical name: controller, login, worker, check-cpu, check-gpu, login-mh, worker-mh, fileserver
     context: str  # folder under orchestrator/data/images
     target: str | None
+    parent: str | None = None  # built FROM this image of hp's (build argument PARENT); its tag is in the hash
 
     def repo(self) -> str:
         return f"hp-{self.name}"
@@ -55,6 +56,16 @@ CHECK_IMAGES = (ImageDef("check-cpu", "check-cpu", None),)
 # with GPU types, or `hp images build --gpu`. Not in ALL_IMAGES (`hp images build`).
 GPU_IMAGES = (ImageDef("check-gpu", "check-gpu", None),)
 ALL_IMAGES = NODE_IMAGES + CHECK_IMAGES
+# Only with registered hosts (multi-host clusters): the worker image plus a GlusterFS
+# client, run by login and compute nodes (HP_ROLE set per container), which mount /home
+# from the cluster's file server; and that server, built on it (the layers they share
+# travel to each host once). The single-host images stay as they are. Built by
+# `hp create` (and `hp images build`) when hosts are registered.
+MULTIHOST_IMAGES = (
+    ImageDef("node-mh", "node-mh", None, parent="worker"),
+    ImageDef("fileserver", "fileserver", None, parent="node-mh"),
+)
+_BY_NAME = {d.name: d for d in NODE_IMAGES + CHECK_IMAGES + GPU_IMAGES + MULTIHOST_IMAGES}
 
 
 def context_hash(ctx: Path) -> str:
@@ -142,6 +153,8 @@ class Images:
         h = hashlib.sha256()
         h.update(base_id.encode() + b"\0" + (d.target or "").encode() + b"\0")
         h.update(context_hash(self.root / d.context).encode())
+        if d.parent:
+            h.update(b"\0" + self.tag(_BY_NAME[d.parent], base_id).encode())
         return f"{d.repo()}:{h.hexdigest()[:12]}"
 
     def refs(self, defs: tuple[ImageDef, ...] = NODE_IMAGES) -> dict[str, str]:
@@ -162,16 +175,19 @@ class Images:
                 log(f"{ref} is up to date")
                 continue
             log(f"building {ref}")
-            self._build_one(d, ref, base_ref, log)
+            self._build_one(d, ref, base_ref, log, self.tag(_BY_NAME[d.parent], base_id) if d.parent else None)
         return out
 
-    def _build_one(self, d: ImageDef, ref: str, base_ref: str, log: Log) -> None:
+    def _build_one(self, d: ImageDef, ref: str, base_ref: str, log: Log, parent: str | None = None) -> None:
         def steps(line: str) -> None:
             if line.startswith("Step "):
                 log(line)
 
         try:
-            self.p.build_image(self.root / d.context, ref, d.target, {"BASE": base_ref}, steps)
+            args = {"BASE": base_ref, **({"PARENT": parent} if parent else {})}
+            if parent and not self.exists(parent):
+                raise OperationFailed(f"building {ref} needs {parent}: build it first")
+            self.p.build_image(self.root / d.context, ref, d.target, args, steps)
         except ObjectMissing as e:
             raise OperationFailed(f"building {ref} failed: {e}") from None
         if not self.exists(ref):
@@ -182,7 +198,9 @@ class Images:
         try:
             base_ref, base_id = self.base(make=False)
         except OperationFailed:
-            return [{"Image": d.repo(), "Tag": "", "Present": False} for d in ALL_IMAGES + GPU_IMAGES]
+            return [
+                {"Image": d.repo(), "Tag": "", "Present": False} for d in ALL_IMAGES + GPU_IMAGES + MULTIHOST_IMAGES
+            ]
         return [
             {
                 "Image": d.repo(),
@@ -190,5 +208,5 @@ class Images:
                 "Present": self.exists(self.tag(d, base_id)),
                 "Base": base_ref,
             }
-            for d in ALL_IMAGES + GPU_IMAGES
+            for d in ALL_IMAGES + GPU_IMAGES + MULTIHOST_IMAGES
         ]

@@ -4,6 +4,10 @@
 Implementations:
 - `DockerEngine` (engine.py): one Docker engine through docker-py (the default: the
   local engine, or DOCKER_HOST).
+- `MultiHostProvider` (multihost.py): several registered hosts' engines joined in a
+  Docker swarm, used when hosts are registered (`hp hosts add`): every call goes to the
+  engine that owns the container (or, for a new one, to `ContainerSpec.host`); lists
+  and events are merged from every host; networks are attachable swarm overlays.
 - an in-memory fake for unit tests of orchestration logic (tests/fakes.py).
 
 Every method returns the typed views of views.py and raises the typed errors of
@@ -15,7 +19,7 @@ never a docker-py exception. Labels are the truth of what exists: `containers`,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Protocol, runtime_checkable
 
@@ -45,8 +49,23 @@ class Provider(Protocol):
     def info(self) -> EngineInfo:
         """The engine's host: CPUs, memory, architecture, runtimes, swarm role."""
 
+    # -- hosts (one engine: {"": self}, nothing unreachable, images already here) --------
+    def engines(self) -> dict[str, Provider]:
+        """The engines behind this provider by host name, in the hosts' order: {"": self}
+        for one engine. Capacity and placement are decided per engine."""
+
+    def unreachable(self, refresh: bool = False) -> dict[str, str]:
+        """Hosts whose engine did not answer the last look (host -> why); {} for one
+        engine, whose failures raise EngineUnavailable instead. `refresh`: look now."""
+
+    def prepare_images(self, refs: list[str], log: Log) -> None:
+        """Make sure every reachable host has these images (by image id), streamed from
+        the local engine (one save, fanned out) or pulled from $HP_REGISTRY."""
+
     # -- networks and volumes -----------------------------------------------------------
-    def create_network(self, name: str, labels: dict[str, str]) -> str: ...
+    def create_network(self, name: str, labels: dict[str, str], encrypted: bool = False) -> str:
+        """A cluster's network: a bridge on one engine; an attachable swarm overlay
+        (`encrypted`: IPsec between hosts) across hosts."""
 
     def remove_network(self, name_or_id: str) -> None:
         """Remove a network; one that does not exist is no error."""
@@ -155,7 +174,7 @@ class Provider(Protocol):
     def save_images(self, refs: list[str]) -> Iterator[bytes]:
         """One tar of several images (layers they share stored once)."""
 
-    def load_images(self, data: IO[bytes] | bytes) -> list[str]: ...
+    def load_images(self, data: IO[bytes] | bytes | Iterable[bytes]) -> list[str]: ...
 
     def read_image_file(self, ref: str, path: str) -> bytes:
         """A file of an image, without running it."""

@@ -180,6 +180,8 @@ class EngineInfo:
     swarm_node_id: str = ""
     swarm_manager: bool = False
     cgroup_version: str = ""
+    swarm_addr: str = ""  # this node's address in the swarm (NodeAddr)
+    swarm_cluster_id: str = ""  # the swarm it belongs to ("" when none, or not a manager)
 
     @property
     def memory_mib(self) -> int:
@@ -220,6 +222,11 @@ class ContainerSpec:
     devices: list[str] = field(default_factory=list)  # "src:dst:rwm"
     security_opt: list[str] = field(default_factory=list)
     init: bool = True
+    # Multi-host: the registered host to create it on ("" = the only engine, or, for a
+    # check container, its node's host), and labels for the named volumes of `volumes`
+    # that the engine must create on that host when missing.
+    host: str = ""
+    volume_labels: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 class EventStream(Protocol):
