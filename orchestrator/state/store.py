@@ -77,6 +77,20 @@ CREATE TABLE IF NOT EXISTS kv (
   key TEXT PRIMARY KEY,
   value TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS hosts (
+  name TEXT PRIMARY KEY,
+  url TEXT NOT NULL,
+  doc TEXT NOT NULL,
+  position INTEGER NOT NULL,
+  added REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS node_hosts (
+  cluster TEXT NOT NULL,
+  node TEXT NOT NULL,
+  host TEXT NOT NULL,
+  time REAL NOT NULL,
+  PRIMARY KEY (cluster, node)
+);
 """
 # Columns added after the first release: (table, column, declaration).
 MIGRATIONS = (
@@ -136,6 +150,21 @@ class Event:
 
 
 Latest = dict[str, tuple[str, str, float]]  # node -> (phase, message, time)
+
+
+@dataclass
+class HostRow:
+    """A registered Docker host (`hp hosts add`). `doc` holds the options: cpus and
+    memory_mib (capacity overrides), tls_dir, advertise_addr, mtu, draining."""
+
+    name: str
+    url: str
+    doc: dict[str, Any]
+    position: int
+    added: float
+
+    def opt(self, key: str, default: Any = None) -> Any:
+        return self.doc.get(key, default)
 
 
 def iso(t: float) -> str:
@@ -235,6 +264,7 @@ class Store:
             db.execute("DELETE FROM clusters WHERE name=?", (name,))
             db.execute("DELETE FROM node_status WHERE cluster=?", (name,))
             db.execute("DELETE FROM operations WHERE cluster=?", (name,))
+            db.execute("DELETE FROM node_hosts WHERE cluster=?", (name,))
 
     def cluster_dir(self, name: str) -> Path:
         d = self.home / "clusters" / name
@@ -400,6 +430,57 @@ class Store:
             self._x("DELETE FROM kv WHERE key=?", (key,))
         else:
             self._x("INSERT INTO kv VALUES (?,?) ON CONFLICT(key) DO UPDATE SET value=excluded.value", (key, value))
+
+    # -- registered hosts (multi-host) ----------------------------------------------------
+    def add_host(self, name: str, url: str, doc: dict[str, Any]) -> bool:
+        """Record a host after the last of the others; False if the name is taken."""
+        try:
+            with self._tx() as db:
+                pos = db.execute("SELECT COALESCE(MAX(position), 0) + 1 FROM hosts").fetchall()[0][0]
+                db.execute(
+                    "INSERT INTO hosts (name, url, doc, position, added) VALUES (?,?,?,?,?)",
+                    (name, url, json.dumps(doc), pos, self.clock()),
+                )
+            return True
+        except sqlite3.IntegrityError:
+            return False
+
+    def hosts(self) -> list[HostRow]:
+        """Registered hosts, in the order they were added (the first holds controllers by default)."""
+        rows = self._x("SELECT name, url, doc, position, added FROM hosts ORDER BY position")
+        return [HostRow(r[0], r[1], json.loads(r[2]), r[3], r[4]) for r in rows]
+
+    def update_host(self, name: str, **changes: Any) -> None:
+        with self._tx() as db:
+            rows = db.execute("SELECT doc FROM hosts WHERE name=?", (name,)).fetchall()
+            if not rows:
+                raise KeyError(name)
+            doc = json.loads(rows[0][0])
+            for k, v in changes.items():
+                if v is None:
+                    doc.pop(k, None)
+                else:
+                    doc[k] = v
+            db.execute("UPDATE hosts SET doc=? WHERE name=?", (json.dumps(doc), name))
+
+    def remove_host(self, name: str) -> None:
+        self._x("DELETE FROM hosts WHERE name=?", (name,))
+
+    # -- where each node was placed (multi-host): the host its current container is on ----
+    def set_node_host(self, cluster: str, node: str, host: str) -> None:
+        self._x(
+            "INSERT INTO node_hosts (cluster, node, host, time) VALUES (?,?,?,?) "
+            "ON CONFLICT(cluster, node) DO UPDATE SET host=excluded.host, time=excluded.time",
+            (cluster, node, host, self.clock()),
+        )
+
+    def node_hosts(self, cluster: str) -> dict[str, str]:
+        """Node -> the host its latest container was created on."""
+        return {r[0]: r[1] for r in self._x("SELECT node, host FROM node_hosts WHERE cluster=?", (cluster,))}
+
+    def nodes_on_host(self, host: str) -> list[tuple[str, str]]:
+        """(cluster, node) of every node whose latest container was placed on `host`."""
+        return [(r[0], r[1]) for r in self._x("SELECT cluster, node FROM node_hosts WHERE host=?", (host,))]
 
     # -- retention ------------------------------------------------------------------------
     def prune(self) -> dict[str, int]:
