@@ -27,6 +27,11 @@ def create(
     timeout: float = typer.Option(300, "--timeout", help="Seconds to wait."),
     retain: bool = typer.Option(False, "--retain", help="Keep a failed cluster's containers for debugging."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Validate the spec (and the host's capacity) only."),
+    encrypt_network: bool = typer.Option(
+        False,
+        "--encrypt-network",
+        help="Registered hosts only: an IPsec-encrypted overlay network, proven to carry traffic between the hosts.",
+    ),
     json_out: bool = JsonOpt,
 ) -> None:
     """Create a cluster: controller first, then login and compute groups in parallel."""
@@ -54,7 +59,8 @@ def create(
         return
     e = e or env()
     progress = CliProgress(out)
-    do_create(e, spec, CreateOptions(wait=wait, timeout=timeout, retain=retain), progress)
+    opts = CreateOptions(wait=wait, timeout=timeout, retain=retain, encrypt_network=encrypt_network)
+    do_create(e, spec, opts, progress)
     doc = describe(e, spec.ClusterName)
     if json_out:
         out.json(doc)
@@ -64,19 +70,33 @@ def create(
 
 
 def dry_run_check(e: Any, spec: Any, catalogue: dict) -> None:
-    """With an engine that answers, the host's capacity too (CPU types: no state is read)."""
+    """With an engine that answers, the host's capacity too (CPU types: no state is read,
+    unless hosts are registered: then their capacity and the spec's Placement)."""
     from ..cluster import capacity
     from ..cluster.create import capacity_problems
+    from ..cluster.multihost import placement_problems
     from ..docker.engine import DockerEngine
     from ..errors import EngineUnavailable
+    from ..hosts.registry import hosts_registered
 
+    if e is None and hosts_registered():
+        e = env()
+    if e is not None and e.multihost:
+        try:
+            problems = placement_problems(e, spec) or capacity_problems(e, spec, None, catalogue)
+        except EngineUnavailable:
+            Out().info("note: no registered host answers: their capacity was not checked")
+            problems = placement_problems(e, spec)
+        if problems:
+            raise BadInput(problems, "cannot create")
+        return
     provider = e.provider if e is not None else DockerEngine()
     try:
         pool = capacity.host_pool(provider, e.store if e is not None else None)
     except EngineUnavailable:
         Out().info("note: no Docker engine answers: the host's capacity was not checked")
         return
-    if problems := capacity_problems(e, spec, pool, catalogue):
+    if problems := placement_problems(e, spec) or capacity_problems(e, spec, pool, catalogue):
         raise BadInput(problems, "cannot create")
 
 
@@ -154,9 +174,10 @@ def nodes(
     if json_out:
         out.json(doc)
         return
+    hosts = e.multihost  # with registered hosts, the host each node runs on
     out.table(
         None,
-        ["NODE", "GROUP", "TYPE", "STATUS", "SLURM", "NODE ID", "MESSAGE"],
+        ["NODE", "GROUP", "TYPE", "STATUS", "SLURM", *(["HOST"] if hosts else []), "NODE ID", "MESSAGE"],
         [
             [
                 n["SlurmNodeName"],
@@ -164,6 +185,7 @@ def nodes(
                 n["InstanceType"],
                 n["InstanceStatus"]["Status"],
                 n["SlurmState"] or "",
+                *([n.get("Host") or ""] if hosts else []),
                 n["NodeId"] or "",
                 n["InstanceStatus"]["Message"] or n.get("SlurmReason") or "",
             ]
@@ -216,6 +238,11 @@ def delete(name: str, json_out: bool = JsonOpt) -> None:
             f"deleted cluster {name}: {removed['containers']} containers, {removed['networks']} networks, "
             f"{removed['volumes']} volumes"
         )
+        if removed.get("unreachable_hosts"):
+            out.info(
+                f"warning: {removed['unreachable_hosts']} host(s) do not answer: what they hold of {name} is left "
+                f"there; run 'hp delete {name}' again once they are back (hp hosts list)"
+            )
 
 
 def version(json_out: bool = JsonOpt) -> None:

@@ -1,5 +1,9 @@
 """Capacity: instance types consume a finite pool shared by every cluster on the host.
 
+With registered hosts there is one pool per host (`pools`): a node fits on one host,
+and the pool of a type is the sum over the hosts (`ceiling` per host, summed by
+cluster/create.py); placement (cluster/placement.py) picks the host.
+
 By default the pool is the Docker host's real CPUs (x4, see below), memory and GPUs (each GPU backs
 one node at a time; found by orchestrator/gpu/host.py, or HP_GPUS for tests); an admin can cap how many nodes of a type may run
 (`hp capacity set TYPE N`). Usage is counted from the containers that exist (Docker
@@ -134,10 +138,25 @@ def usage(containers: list[Container], catalogue: dict[str, InstanceType]) -> Us
 
 def check(itype: InstanceType, pool: Pool, used: Usage, limits: dict[str, int]) -> list[str] | None:
     """GPU ids to give a node of `itype`, or raise InsufficientCapacity naming what is missing."""
-    missing = []
+    missing = limit_problems(itype, used.per_type, limits)
+    chosen, short = fit(itype, pool, used)
+    missing += short
+    if missing:
+        raise InsufficientCapacity(f"no capacity for instance type {itype.name}: " + "; ".join(missing))
+    return chosen
+
+
+def limit_problems(itype: InstanceType, per_type: dict[str, int], limits: dict[str, int]) -> list[str]:
+    """The admin's per-type limit (`hp capacity set`), over every host."""
     lim = limits.get(itype.name)
-    if lim is not None and used.per_type.get(itype.name, 0) + 1 > lim:
-        missing.append(f"the limit for {itype.name} is {lim} node(s) and {used.per_type.get(itype.name, 0)} run")
+    if lim is not None and per_type.get(itype.name, 0) + 1 > lim:
+        return [f"the limit for {itype.name} is {lim} node(s) and {per_type.get(itype.name, 0)} run"]
+    return []
+
+
+def fit(itype: InstanceType, pool: Pool, used: Usage) -> tuple[list[str] | None, list[str]]:
+    """(GPU ids to give a node of `itype`, what is missing) on one host's pool."""
+    missing = []
     if used.cpus + itype.cpu_limit > pool.cpus + 1e-9:
         missing.append(f"needs {itype.cpu_limit:g} CPU, {max(pool.cpus - used.cpus, 0):g} of {pool.cpus:g} free")
     if used.memory_mib + itype.memory_mib > pool.memory_mib:
@@ -147,9 +166,30 @@ def check(itype: InstanceType, pool: Pool, used: Usage, limits: dict[str, int]) 
         chosen, why = pick_gpus(itype, pool, used)
         if chosen is None:
             missing.append(why)
-    if missing:
-        raise InsufficientCapacity(f"no capacity for instance type {itype.name}: " + "; ".join(missing))
-    return chosen
+    return chosen, missing
+
+
+def pools(provider: Provider, store: Store) -> tuple[dict[str, Pool], dict[str, str]]:
+    """Host -> its pool, for the hosts nodes may be placed on now; and host -> why not, for
+    the others (unreachable, or draining for `hp hosts remove --drain`). One engine: {"": pool}."""
+    engines = provider.engines()
+    if "" in engines:
+        return {"": host_pool(provider, store)}, {}
+    out: dict[str, Pool] = {}
+    why = {h: f"unreachable ({w})" for h, w in provider.unreachable().items()}
+    for r in store.hosts():
+        if r.opt("draining"):
+            why[r.name] = "draining (hp hosts remove --drain)"
+        elif r.opt("fenced"):
+            why[r.name] = f"fenced: {r.opt('fenced')}"
+    for h, e in engines.items():
+        if h in why:
+            continue
+        try:
+            out[h] = host_pool(e, store)
+        except TRANSIENT as ex:
+            why[h] = f"unreachable ({str(ex).splitlines()[0][:120]})"
+    return out, why
 
 
 def quarantined(store: Store) -> dict[str, str]:
@@ -222,18 +262,23 @@ def ceiling(itype: InstanceType, pool: Pool) -> tuple[int, str]:
 
 
 def report(provider: Provider, store: Store, catalogue: dict[str, InstanceType]) -> dict:
-    """The host's pool, what hp's nodes use of it, and per-type limits (`hp capacity show`)."""
+    """The pool, what hp's nodes use of it, and per-type limits (`hp capacity show`); with
+    registered hosts the pool is the sum over the hosts nodes may go to, and `Hosts`
+    gives each host's share."""
     provider.ping()
-    pool = host_pool(provider, store)
-    used = usage(provider.containers(), catalogue)
+    per_host, why = pools(provider, store)
+    containers = provider.containers()
+    used = usage(containers, catalogue)
     lim = limits(store)
-    return {
+    gpus = [g for p in per_host.values() for g in p.gpus]
+    models = {k: v for p in per_host.values() for k, v in p.gpu_models.items()}
+    doc = {
         "Pool": {
-            "Cpus": pool.cpus,
-            "MemoryMiB": pool.memory_mib,
-            "Gpus": pool.gpus,
-            "GpuModels": pool.gpu_models,
-            "GpuDiscovery": pool.gpu_note,
+            "Cpus": sum(p.cpus for p in per_host.values()),
+            "MemoryMiB": sum(p.memory_mib for p in per_host.values()),
+            "Gpus": gpus,
+            "GpuModels": models,
+            "GpuDiscovery": "; ".join(f"{h}: {p.gpu_note}" if h else p.gpu_note for h, p in per_host.items()),
             "GpuQuarantined": quarantined(store),
         },
         "Used": {"Cpus": round(used.cpus, 3), "MemoryMiB": used.memory_mib, "Gpus": sorted(used.gpus)},
@@ -241,6 +286,25 @@ def report(provider: Provider, store: Store, catalogue: dict[str, InstanceType])
             {"InstanceType": t, "Running": used.per_type.get(t, 0), "Limit": lim.get(t)} for t in sorted(catalogue)
         ],
     }
+    if "" not in per_host:
+        hosts = []
+        for h in provider.engines():
+            u = usage([c for c in containers if c.host == h], catalogue)
+            p = per_host.get(h)
+            hosts.append(
+                {
+                    "Host": h,
+                    "Available": p is not None,
+                    "Why": why.get(h),
+                    "Cpus": p.cpus if p else None,
+                    "MemoryMiB": p.memory_mib if p else None,
+                    "Gpus": len(p.gpus) if p else None,
+                    "UsedCpus": round(u.cpus, 3),
+                    "UsedMemoryMiB": u.memory_mib,
+                }
+            )
+        doc["Hosts"] = hosts
+    return doc
 
 
 def set_limit_checked(

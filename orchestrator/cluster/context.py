@@ -14,7 +14,6 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from ..docker.engine import DockerEngine
 from ..docker.images import Images
 from ..docker.provider import Provider
 from ..docker.views import Container
@@ -51,15 +50,21 @@ class Agents(Protocol):
 
 @dataclass
 class Env:
-    """Process-wide handles, made once per command and passed down (no globals)."""
+    """Process-wide handles, made once per command and passed down (no globals). The
+    provider, unless given: the local engine, or with registered hosts (`hp hosts add`)
+    a MultiHostProvider over them (hosts/registry.py)."""
 
-    provider: Provider = field(default_factory=DockerEngine)
+    provider: Provider = None  # type: ignore[assignment]
     store: Store = field(default_factory=Store)
     slurm_factory: Callable[[Provider, str], Slurm] = SlurmCli
     agents: Agents = None  # type: ignore[assignment]  # default: real agent processes of `store`
     catalogue_file: str | None = None
 
     def __post_init__(self) -> None:
+        if self.provider is None:
+            from ..hosts.registry import provider_for
+
+            self.provider = provider_for(self.store)
         if self.agents is None:
             from ..agent.process import AgentProcesses
 
@@ -71,17 +76,33 @@ class Env:
         where there are GPUs), and the user's file. Without an engine (or when
         discovery fails) there are no discovered types."""
         discovered: dict[str, dict] = {}
-        try:
-            discovered = {t.name: t.catalogue_entry() for t in self.gpus().instance_types()}
-        except TRANSIENT as e:
-            log.info("GPU discovery failed, no GPU types from it: %s", e)
+        for host in self.provider.engines():  # every host's GPU types (one engine: its own)
+            try:
+                discovered.update({t.name: t.catalogue_entry() for t in self.gpus(host=host).instance_types()})
+            except TRANSIENT as e:
+                log.info("GPU discovery failed%s, no GPU types from it: %s", f" on {host}" if host else "", e)
         return load_catalogue(self.catalogue_file, discovered)
 
-    def gpus(self, refresh: bool = False) -> HostGpuInfo:
-        """The Docker host's GPUs (gpu/host.py: discovery cached in the store, or HP_GPUS)."""
+    @property
+    def multihost(self) -> bool:
+        """Hosts are registered: clusters span them (overlay network, shared /home server)."""
+        return "" not in self.provider.engines()
+
+    def node_image_defs(self) -> tuple:
+        """The images nodes run: with hosts, the login and worker images that mount /home
+        from the cluster's file server, and that server."""
+        from ..docker.images import MULTIHOST_IMAGES, NODE_IMAGES
+
+        return NODE_IMAGES + (MULTIHOST_IMAGES if self.multihost else ())
+
+    def gpus(self, refresh: bool = False, host: str = "") -> HostGpuInfo:
+        """A Docker host's GPUs (gpu/host.py: discovery cached in the store, or HP_GPUS):
+        the one engine's, or a registered host's (the first one when `host` is "")."""
         from ..gpu.host import discover
 
-        return discover(self.provider, self.store, refresh=refresh)
+        engines = self.provider.engines()
+        engine = engines.get(host) or next(iter(engines.values()))
+        return discover(engine, self.store, refresh=refresh)
 
     @cached_property
     def images(self) -> Images:
@@ -157,9 +178,44 @@ class Cluster:
     def containers(self) -> list[Container]:
         return self.p.containers(self.name)
 
+    @property
+    def multihost(self) -> bool:
+        return self.env.multihost
+
+    def placements(self) -> dict[str, str]:
+        """Node -> the host its current container was placed on (multi-host; {} on one engine)."""
+        return self.store.node_hosts(self.name) if self.multihost else {}
+
+    def current(self, containers: list[Container], placements: dict[str, str] | None = None) -> list[Container]:
+        """The containers that are a node's current one: on several hosts, a copy on
+        another host than the node's placement is stale (left on a host that was lost
+        while the node was replaced elsewhere) and is left out, so that nothing acts on it."""
+        if not self.multihost:
+            return containers
+        placed = self.placements() if placements is None else placements
+        return [c for c in containers if not (c.node and placed.get(c.node) and c.host != placed[c.node])]
+
     def node_containers(self) -> dict[str, Container]:
         """Slurm node name -> its container (controller, login and workers)."""
-        return {c.node: c for c in self.containers() if c.is_node and c.node}
+        return {c.node: c for c in self.current(self.containers()) if c.is_node and c.node}
+
+    def lost_nodes(self, containers: dict[str, Container] | None = None) -> dict[str, tuple[str, str]]:
+        """Nodes whose host does not answer, and that hp cannot see: node -> (host, why).
+        Their containers may still be there; they are neither missing (nothing relaunches
+        them on its own) nor healthy (the host watcher replaces them, or waits)."""
+        if not self.multihost:
+            return {}
+        down = self.p.unreachable()
+        if not down:
+            return {}
+        seen = self.node_containers() if containers is None else containers
+        latest = self.store.latest_phases(self.name)
+        held = ("Running", "Launching", "DeepHealthCheckInProgress", "Rebooting")
+        return {
+            n: (h, down[h])
+            for n, h in self.placements().items()
+            if h in down and n not in seen and latest.get(n, ("",))[0] in held
+        }
 
     def group_of(self, name: str) -> InstanceGroup:
         g = self.spec.group(name)

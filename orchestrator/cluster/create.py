@@ -4,6 +4,12 @@ reported per stage and per group, and one rollback path.
 Order: network, volumes and key; the controller (ready when `scontrol ping` answers);
 then login and compute groups in parallel. Their containers are created while the
 controller boots and started the moment it answers.
+
+With registered hosts (cluster/multihost.py): the images are made present on every
+host first (one stream from the local engine, fanned out); the network is a swarm
+overlay (`--encrypt-network`: proven to carry traffic, else the create fails); each
+node is placed on a host (placement.py); the /home file server starts on the
+controller's host right after the controller.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from . import capacity
 from .context import Cluster, Env, parallel
 from .delete import remove_resources
 from .launcher import Launcher
+from .multihost import ensure_fileserver, prove_traffic
 
 
 class Progress(Protocol):
@@ -43,6 +50,7 @@ class CreateOptions:
     timeout: float = 300.0
     retain: bool = False
     register_timeout: float = 60.0
+    encrypt_network: bool = False  # registered hosts only: an IPsec-encrypted overlay
 
 
 @dataclass
@@ -74,31 +82,46 @@ def has_gpus(spec: ClusterSpec, catalogue: dict) -> bool:
     return any(catalogue[g.InstanceType].gpus for g in spec.InstanceGroups if g.InstanceType in catalogue)
 
 
-def image_defs(spec: ClusterSpec, catalogue: dict | None = None) -> tuple:
+def image_defs(spec: ClusterSpec, catalogue: dict | None = None, multihost: bool = False) -> tuple:
     """The node images; the check images when a group checks new nodes on start; the
-    GPU check image (checks and the passive GPU monitor) when a group has GPUs."""
-    from ..docker.images import CHECK_IMAGES, GPU_IMAGES, NODE_IMAGES
+    GPU check image (checks and the passive GPU monitor) when a group has GPUs; with
+    registered hosts, the /home-mounting node image and the file server."""
+    from ..docker.images import CHECK_IMAGES, GPU_IMAGES, MULTIHOST_IMAGES, NODE_IMAGES
 
-    defs = NODE_IMAGES + (CHECK_IMAGES if any(g.OnStartDeepHealthChecks for g in spec.InstanceGroups) else ())
+    defs = NODE_IMAGES + (MULTIHOST_IMAGES if multihost else ())
+    defs += CHECK_IMAGES if any(g.OnStartDeepHealthChecks for g in spec.InstanceGroups) else ()
     return defs + (GPU_IMAGES if catalogue is not None and has_gpus(spec, catalogue) else ())
 
 
 def capacity_problems(
-    env: Env, spec: ClusterSpec, pool: capacity.Pool | None = None, catalogue: dict | None = None
+    env: Env | None, spec: ClusterSpec, pool: capacity.Pool | None = None, catalogue: dict | None = None
 ) -> list[str]:
-    """Instance types the spec asks more of than the host could ever run (the host's
-    whole pool, every other node gone): refused before anything is made."""
-    pool = pool or capacity.host_pool(env.provider, env.store)
-    catalogue = catalogue or env.catalogue
-    wanted: dict[str, int] = {}
+    """Instance types the spec asks more of than the hosts could ever run (each host's
+    whole pool, every other node gone; a node fits on one host, and a type's pool is
+    the sum over the hosts its groups may use): refused before anything is made."""
+    from . import placement
+
+    assert env is not None or pool is not None
+    per_host = {"": pool} if pool is not None else capacity.pools(env.provider, env.store)[0]  # type: ignore[union-attr]
+    catalogue = catalogue or env.catalogue  # type: ignore[union-attr]
+    wanted: dict[str, tuple[int, set[str]]] = {}
     for g in spec.InstanceGroups:
-        wanted[g.InstanceType] = wanted.get(g.InstanceType, 0) + g.InstanceCount
+        n, hosts = wanted.get(g.InstanceType, (0, set()))
+        wanted[g.InstanceType] = (n + g.InstanceCount, hosts | set(placement.hosts_of(g, list(per_host))))
     problems = []
-    for t, n in wanted.items():
-        most, why = capacity.ceiling(catalogue[t], pool)
-        if n > most:
+    for t, (n, hosts) in wanted.items():
+        bounds = {h: capacity.ceiling(catalogue[t], per_host[h]) for h in per_host if h in hosts}
+        most = sum(b[0] for b in bounds.values())
+        if n <= most:
+            continue
+        if list(bounds) == [""]:
             problems.append(
-                f"InsufficientCapacity: {n} node(s) of {t} are more than this host can ever run: {most} ({why})"
+                f"InsufficientCapacity: {n} node(s) of {t} are more than this host can ever run: {most} ({bounds[''][1]})"
+            )
+        else:
+            per = ", ".join(f"{h}: {b[0]} ({b[1]})" for h, b in bounds.items()) or "no host available"
+            problems.append(
+                f"InsufficientCapacity: {n} node(s) of {t} are more than the hosts can ever run: {most} ({per})"
             )
     return problems
 
@@ -108,14 +131,22 @@ def create(env: Env, spec: ClusterSpec, opts: CreateOptions, progress: Progress 
     env.provider.ping()
     check_name_free(env, name)
     spec = spec.model_copy(update={"MaxNodeCount": spec.max_nodes})  # fixed from now on (slurm.conf)
-    if problems := capacity_problems(env, spec):
+    from .multihost import placement_problems
+
+    problems = placement_problems(env, spec)
+    if opts.encrypt_network and not env.multihost:
+        problems.append("--encrypt-network: a cluster on one engine has no traffic between hosts (hp hosts add)")
+    if problems := problems or capacity_problems(env, spec):
         raise BadInput(problems, "cannot create")
     if has_gpus(spec, env.catalogue):
         from ..health.gpucheck import thresholds_checked
 
         thresholds_checked()  # a bad thresholds file is bad input: refused before anything is made
     progress.stage("images", "checking node images")
-    images = env.images.build(image_defs(spec, env.catalogue), log=lambda s: progress.stage("images", s))
+    images = env.images.build(image_defs(spec, env.catalogue, env.multihost), log=lambda s: progress.stage("images", s))
+    if env.multihost:
+        progress.stage("images", "on every host")
+        env.provider.prepare_images(sorted(set(images.values())), lambda s: progress.stage("images", s))
     if not env.store.add_cluster(name, spec.model_dump(exclude_none=True), "Creating"):
         raise BadInput(f"a cluster named {name!r} already exists", "name in use")
     cluster = Cluster(env, name, spec)
@@ -158,15 +189,23 @@ def _create(cluster: Cluster, images: dict[str, str], opts: CreateOptions, progr
     env, spec, name, p = cluster.env, cluster.spec, cluster.name, cluster.p
     deadline = time.monotonic() + opts.timeout
     progress.stage("network", "network, volumes and auth key")
-    p.create_network(network_name(name), labels(name, "network"))
-    p.create_volume(state_volume(name), labels(name, "state"))
-    p.create_volume(shared_volume(name), labels(name, "shared"))
+    p.create_network(network_name(name), labels(name, "network"), encrypted=opts.encrypt_network)
+    if cluster.multihost:  # volumes are made on the host of the container that mounts them
+        if opts.encrypt_network:
+            progress.stage("network", "proving the encrypted overlay carries traffic between hosts")
+            progress.stage("network", prove_traffic(cluster, images["worker"]))
+    else:
+        p.create_volume(state_volume(name), labels(name, "state"))
+        p.create_volume(shared_volume(name), labels(name, "shared"))
     cluster.make_key()
     launcher = Launcher(cluster, images)
 
     progress.stage("controller", cluster.controller_host)
     conf = render(spec, env.catalogue).encode()
     ctl_res = _start_controller(cluster, launcher, conf)
+    if cluster.multihost:
+        progress.stage("controller", "/home file server on the controller's host")
+        ensure_fileserver(cluster, images["fileserver"])
 
     # While slurmctld boots, create every other node's container.
     wanted = [(g, i) for g in spec.InstanceGroups if g.node_type != "Controller" for i in range(1, g.InstanceCount + 1)]

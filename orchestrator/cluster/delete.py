@@ -1,13 +1,18 @@
-"""Removing a cluster: what exists is found by its labels, and nothing else."""
+"""Removing a cluster: what exists is found by its labels, and nothing else (on every
+registered host: a host that does not answer keeps what it holds, said so; `hp delete`
+again once it is back removes the rest)."""
 
 from __future__ import annotations
 
 import shutil
+import time
 
 from ..docker.provider import Provider
-from ..errors import NotFound, OperationFailed
+from ..errors import EngineError, NotFound, OperationFailed
 from ..slurm.model import DELETING_REASON
 from .context import Cluster, Env, parallel
+
+NETWORK_BUSY_S = 15.0  # an overlay's endpoints on other hosts go a moment after their containers
 
 
 def remove_resources(p: Provider, name: str) -> dict[str, int]:
@@ -16,10 +21,20 @@ def remove_resources(p: Provider, name: str) -> dict[str, int]:
     parallel(lambda c: p.remove_container(c.id), containers)
     nets = p.networks(name)
     for n in nets:
-        p.remove_network(n.id)
+        deadline = time.monotonic() + NETWORK_BUSY_S
+        while True:
+            try:
+                p.remove_network(n.id)
+                break
+            except EngineError as e:  # "has active endpoints": a host has not caught up yet
+                if e.missing or time.monotonic() > deadline:
+                    if not e.missing:
+                        raise
+                    break
+                time.sleep(0.3)
     vols = p.volumes(name)
-    for v in vols:
-        p.remove_volume(v.name)
+    for v in sorted({v.name for v in vols}):  # one name may be on several hosts
+        p.remove_volume(v)
     return {"containers": len(containers), "networks": len(nets), "volumes": len(vols)}
 
 
@@ -48,6 +63,15 @@ def delete(env: Env, name: str) -> dict[str, int]:
             except OperationFailed:
                 pass  # the controller is not answering: nothing will be scheduled anyway
     removed = remove_resources(p, name)
+    if down := p.unreachable():
+        removed["unreachable_hosts"] = len(down)
+        env.store.event(
+            name,
+            "Cluster",
+            "Warn",
+            f"Cluster {name}: host(s) {', '.join(sorted(down))} do not answer: what they hold of the cluster is "
+            f"left there; run 'hp delete {name}' again once they are back",
+        )
     if row is not None:
         env.store.event(name, "Cluster", "Info", f"Cluster {name} deleted")
         env.store.remove_cluster(name)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 
 from ..docker.views import ContainerSpec
-from ..errors import EngineError, LaunchError, OperationFailed
+from ..errors import EngineError, EngineUnavailable, InsufficientCapacity, LaunchError, OperationFailed
 from ..gpu.gres import GresError, slurmd_conf_gres
 from ..gpu.wiring import GpuWiring, GpuWiringError
 from ..naming import (
@@ -22,8 +22,10 @@ from ..naming import (
     L_GPU_MODE,
     L_GPU_MODEL,
     L_GPUS,
+    L_HOST,
     ROLE_BY_NODE_TYPE,
     container_name,
+    fileserver_name,
     labels,
     network_name,
     node_name,
@@ -33,7 +35,7 @@ from ..naming import (
 from ..slurm.conf import slurmd_conf
 from ..slurm.model import ONSTART_REASON
 from ..spec.model import InstanceGroup
-from . import capacity, gpunodes
+from . import capacity, gpunodes, placement
 from .context import SLURM_UID, Cluster, parallel
 
 log = logging.getLogger("hp")
@@ -65,10 +67,10 @@ class Launcher:
     def gres_pending(self, value: bool) -> None:
         self.c.store.put(f"gres.pending:{self.c.name}", "1" if value else None)
 
-    def gpu_setup(self, gpus: list[str]) -> tuple[GpuWiring | None, dict[str, str], str | None]:
+    def gpu_setup(self, gpus: list[str], host: str = "") -> tuple[GpuWiring | None, dict[str, str], str | None]:
         """(wiring, labels, Gres= word) of a node given these GPUs of the host.
         Raises GpuWiringError / GresError when they cannot be given."""
-        info = self.c.env.gpus()
+        info = self.c.env.gpus(host=host)
         wiring = info.wiring(gpus)
         models = info.model_of()
         model = models.get(gpus[0], "")
@@ -80,7 +82,12 @@ class Launcher:
         return wiring, lab, slurmd_conf_gres(model, len(gpus))
 
     def container_spec(
-        self, group: InstanceGroup, index: int, gpus: list[str] | None = None, drain_reason: str | None = None
+        self,
+        group: InstanceGroup,
+        index: int,
+        gpus: list[str] | None = None,
+        drain_reason: str | None = None,
+        host: str = "",
     ) -> ContainerSpec:
         c = self.c
         role = ROLE_BY_NODE_TYPE[group.node_type]
@@ -88,7 +95,7 @@ class Launcher:
         node = node_name(group.InstanceGroupName, index)
         env = {"HP_CONTROLLER": c.controller_host, "HP_CLUSTER": c.name}
         vols = {shared_volume(c.name): "/home"}
-        wiring, gpu_labels, gres = self.gpu_setup(gpus) if gpus else (None, {}, None)
+        wiring, gpu_labels, gres = self.gpu_setup(gpus, host) if gpus else (None, {}, None)
         if role == "worker":
             # with on-start checks the node registers drained, so it takes no job before they pass
             reason = drain_reason or (ONSTART_REASON if group.OnStartDeepHealthChecks else None)
@@ -97,7 +104,7 @@ class Launcher:
             vols = {state_volume(c.name): "/var/spool/slurmctld"}
         lab = labels(c.name, role, group.InstanceGroupName, node, index, itype.name)
         lab.update(gpu_labels)
-        return ContainerSpec(
+        spec = ContainerSpec(
             name=container_name(c.name, node),
             image=group.Image or self.images[role],
             hostname=node,
@@ -109,6 +116,20 @@ class Launcher:
             memory_bytes=itype.memory_mib * 2**20,
             gpus=wiring,
         )
+        if c.multihost:
+            spec.host = host
+            lab[L_HOST] = host
+            if role == "controller":
+                spec.volume_labels = {state_volume(c.name): labels(c.name, "state")}
+            else:  # /home from the cluster's file server, over the overlay
+                spec.image = group.Image or self.images["node-mh"]
+                spec.volumes = {}
+                env["HP_ROLE"] = role  # one image for login and compute nodes
+                env["HP_HOME_SERVER"] = fileserver_name(c.name)
+                spec.devices = ["/dev/fuse:/dev/fuse:rwm"]
+                spec.cap_add = ["SYS_ADMIN"]
+                spec.security_opt = ["apparmor=unconfined"]  # docker-default denies mount(2)
+        return spec
 
     def create_many(
         self,
@@ -122,26 +143,35 @@ class Launcher:
         containers count as used, so the next decision (any process) sees them."""
         c = self.c
         out: dict[str, str | LaunchError] = {}
-        todo: list[tuple[InstanceGroup, int, list[str] | None]] = []
+        todo: list[tuple[InstanceGroup, int, list[str] | None, str]] = []
         with capacity.host_lock(c.store.home):
-            pool = capacity.host_pool(c.p, c.store)
-            used = capacity.usage(c.p.containers(), c.env.catalogue)
+            pools, unavailable = capacity.pools(c.p, c.store)
+            containers = c.p.containers()
+            load = placement.loads(pools, containers, c.env.catalogue, c.name)
+            per_type = capacity.usage(containers, c.env.catalogue).per_type
             lim = capacity.limits(c.store)
+            registered = list(c.p.engines())
             for g, i in wanted:
                 itype = c.env.catalogue[g.InstanceType]
                 try:
-                    gpus = capacity.check(itype, pool, used, lim)
+                    if short := capacity.limit_problems(itype, per_type, lim):
+                        raise InsufficientCapacity(f"no capacity for instance type {itype.name}: " + "; ".join(short))
+                    host, gpus = placement.place(itype, g, registered, load, unavailable)
                 except LaunchError as e:
                     out[node_name(g.InstanceGroupName, i)] = e
                     continue
-                used = used.plus(itype, gpus or [])
-                todo.append((g, i, gpus))
-            results = parallel(lambda t: self._create_one(t[0], t[1], t[2], files, drain_reason), todo)
-        for (g, i, _), r in zip(todo, results, strict=True):
-            out[node_name(g.InstanceGroupName, i)] = r
+                load[host] = load[host].plus(itype, gpus or [], g.InstanceGroupName)
+                per_type = {**per_type, itype.name: per_type.get(itype.name, 0) + 1}
+                todo.append((g, i, gpus, host))
+            results = parallel(lambda t: self._create_one(t[0], t[1], t[2], files, drain_reason, t[3]), todo)
+        for (g, i, _, host), r in zip(todo, results, strict=True):
+            n = node_name(g.InstanceGroupName, i)
+            out[n] = r
+            if isinstance(r, str) and c.multihost:
+                c.store.set_node_host(c.name, n, host)
         gpu_nodes = {
             node_name(g.InstanceGroupName, i): out[node_name(g.InstanceGroupName, i)]
-            for g, i, gpus in todo
+            for g, i, gpus, _ in todo
             if gpus and isinstance(out[node_name(g.InstanceGroupName, i)], str)
         }
         if gpu_nodes:
@@ -186,16 +216,19 @@ class Launcher:
         gpus: list[str] | None,
         files: FileMap | None,
         drain_reason: str | None,
+        host: str = "",
     ) -> str | LaunchError:
         c = self.c
         try:
-            spec = self.container_spec(group, index, gpus, drain_reason)
+            spec = self.container_spec(group, index, gpus, drain_reason, host)
         except (GpuWiringError, GresError) as e:
             return LaunchError("GpuWiringFailed", str(e)[:300], retryable=True)
         try:
             cid = c.p.create_container(spec)
         except EngineError as e:
             return classify(e, spec.name)
+        except EngineUnavailable as e:  # the host chosen went away: another is chosen next time
+            return LaunchError("HostUnavailable", f"{spec.name}: {str(e)[:300]}", retryable=True)
         try:
             put = {"slurm.key": (c.key(), 0o600, SLURM_UID if group.node_type == "Controller" else 0)}
             put.update(files or {})

@@ -250,9 +250,10 @@ def _forget(cluster: Cluster, t: Target) -> None:
 
 def _images(cluster: Cluster, t: Target) -> dict[str, str]:
     """hp's current node images; the old container's image where the current one is not built."""
-    refs = cluster.env.images.refs()
-    if t.container is not None and not cluster.env.images.exists(refs.get(t.role, "")):
-        refs[t.role] = t.container.image
+    refs = cluster.env.images.refs(cluster.env.node_image_defs())
+    key = "node-mh" if cluster.multihost and t.role != "controller" else t.role
+    if t.container is not None and not cluster.env.images.exists(refs.get(key, "")):
+        refs[key] = t.container.image
     return refs
 
 

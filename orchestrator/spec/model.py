@@ -33,6 +33,16 @@ class SlurmConfig(_Model):
     PartitionNames: list[str] = Field(default_factory=list)
 
 
+class PlacementConfig(_Model):
+    """hp's own: where a group's nodes go when hosts are registered (`hp hosts add`).
+    Hosts: the registered hosts it may use, in order (default: all); Strategy: spread
+    (evenly over them; the default for compute groups) or pack (the first that fits;
+    the default for the controller and login groups)."""
+
+    Hosts: list[str] = Field(default_factory=list)
+    Strategy: Literal["spread", "pack"] | None = None
+
+
 class InstanceGroup(_Model):
     InstanceGroupName: str
     InstanceType: str
@@ -41,6 +51,7 @@ class InstanceGroup(_Model):
     SlurmConfig: SlurmConfig
     OnStartDeepHealthChecks: list[Literal["InstanceStress", "InstanceConnectivity"]] = Field(default_factory=list)
     Image: str | None = None  # override of the role's image (lab use: a custom or broken image)
+    Placement: PlacementConfig | None = None  # hp's own: hosts and strategy (multi-host)
     # accepted for compatibility with HyperPod files, not used
     LifeCycleConfig: dict[str, Any] | None = None
     ExecutionRole: str | None = None
@@ -190,6 +201,14 @@ def _semantic_problems(raw: dict[str, Any], catalogue: dict[str, InstanceType], 
                     f"{path}.InstanceGroupName: {name!r} is already used by InstanceGroups[{seen[name.lower()]}]"
                 )
             seen.setdefault(name.lower(), i)
+        pl = g.get("Placement")
+        if isinstance(pl, dict) and isinstance(pl.get("Hosts"), list):
+            hs = [h for h in pl["Hosts"] if isinstance(h, str)]
+            for j, h in enumerate(hs):
+                if p := name_problem(f"{path}.Placement.Hosts[{j}]", h):
+                    problems.append(p)
+            if len(set(hs)) != len(hs):
+                problems.append(f"{path}.Placement.Hosts: a host is named twice")
         itype = g.get("InstanceType")
         if isinstance(itype, str) and itype not in catalogue:
             problems.append(

@@ -36,6 +36,7 @@ GAPS = [
     "a group name's limit depends on the cluster name's length (container names hp-<cluster>-<group>-<index> within "
     "63 characters); here every group name is held to the limit for a one-character cluster name",
     "an integral float (2.0) where an integer is due: JSON Schema's integer takes it, hp refuses it",
+    "Placement.Hosts must name registered hosts (hp hosts list): known only when the cluster is created",
 ]
 
 
@@ -86,6 +87,12 @@ def cluster_spec_schema() -> dict[str, Any]:
         maxLength=group_max,
         description=f"HyperPod's pattern; with the cluster's name at most {specnames.DNS_LABEL_MAX - 10} characters "
         "together (hp-<cluster>-<group>-<index up to 65536> is a DNS label)",
+    )
+    out["$defs"]["PlacementConfig"]["properties"]["Hosts"].update(
+        uniqueItems=True,
+        items={"type": "string", "pattern": pattern, "minLength": 1, "maxLength": NAME_MAX},
+        description="registered hosts (hp hosts add) the group may use, in order; a name hp does not know is "
+        "refused when the cluster is created",
     )
     gp["InstanceCount"]["minimum"] = 0
     gp["MinCount"]["anyOf"][0]["minimum"] = 0
