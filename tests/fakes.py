@@ -58,6 +58,8 @@ class FakeContainer:
     logs: str = ""
     started_at: str = ""
 
+    host: str = ""
+
     def view(self) -> Container:
         return Container(
             self.id,
@@ -68,6 +70,7 @@ class FakeContainer:
             "2026-01-01T00:00:00Z",
             self.spec.image,
             "10.0.0.2" if self.state == "running" else None,
+            self.host,
         )
 
 
@@ -109,9 +112,13 @@ class FakeLines:
 
 
 class FakeProvider:
-    def __init__(self, cpus: int = 8, memory_mib: int = 16384):
+    """One fake engine; `name` is its host's name when it stands for a registered host
+    (a MultiHostProvider over several fakes: tests/unit/test_multihost.py)."""
+
+    def __init__(self, cpus: int = 8, memory_mib: int = 16384, name: str = ""):
         self.up = True
-        self.info_ = EngineInfo("fake", "26.1", "Debian", "x86_64", cpus, memory_mib * 2**20)
+        self.name = name
+        self.info_ = EngineInfo(name or "fake", "26.1", "Debian", "x86_64", cpus, memory_mib * 2**20)
         self.containers_: dict[str, FakeContainer] = {}
         self.networks_: dict[str, Network] = {}
         self.volumes_: dict[str, Volume] = {}
@@ -133,40 +140,66 @@ class FakeProvider:
         if not self.up:
             raise EngineUnavailable("cannot reach a Docker engine (fake engine down)")
 
-    def ping(self) -> None:
+    def ping(self, timeout: float | None = None) -> None:
         self._check()
 
-    def info(self) -> EngineInfo:
+    def info(self, refresh: bool = False) -> EngineInfo:
         self._check()
         return self.info_
 
+    def engines(self) -> dict[str, Any]:
+        return {"": self}
+
+    def unreachable(self, refresh: bool = False) -> dict[str, str]:
+        return {}
+
+    def prepare_images(self, refs: list[str], log: Callable[[str], None]) -> None:
+        pass
+
     # -- networks, volumes
-    def create_network(self, name: str, labels: dict[str, str]) -> str:
+    def create_network(self, name: str, labels: dict[str, str], encrypted: bool = False) -> str:
+        self._check()
+        if encrypted:
+            raise EngineError(f"create network {name}: an encrypted network needs registered hosts")
+        if name in self.networks_:
+            raise EngineError(f"network {name} exists", 409)
+        self.networks_[name] = Network(f"net{next(_ids)}", name, dict(labels), "bridge", self.name)
+        return self.networks_[name].id
+
+    def create_overlay(self, name: str, labels: dict[str, str], encrypted: bool = False, mtu: int | None = None) -> str:
+        """As a swarm manager would (the options are kept for tests to read)."""
         self._check()
         if name in self.networks_:
             raise EngineError(f"network {name} exists", 409)
-        self.networks_[name] = Network(f"net{next(_ids)}", name, dict(labels))
+        self.networks_[name] = Network(f"net{next(_ids)}", name, dict(labels), "overlay", self.name)
+        self.overlay_options = {"encrypted": encrypted, "mtu": mtu}
         return self.networks_[name].id
 
     def remove_network(self, name_or_id: str) -> None:
+        self._check()
         for k, n in list(self.networks_.items()):
             if name_or_id in (k, n.id):
                 del self.networks_[k]
 
     def networks(self, cluster: str | None = None) -> list[Network]:
+        self._check()
         return [n for n in self.networks_.values() if _match(n.labels, cluster)]
 
     def create_volume(self, name: str, labels: dict[str, str]) -> None:
-        self.volumes_[name] = Volume(name, dict(labels))
+        self._check()
+        self.volumes_.setdefault(name, Volume(name, dict(labels), self.name))
 
     def remove_volume(self, name: str) -> None:
+        self._check()
         self.volumes_.pop(name, None)
 
     def volumes(self, cluster: str | None = None) -> list[Volume]:
+        self._check()
         return [v for v in self.volumes_.values() if _match(v.labels, cluster)]
 
     # -- containers
     def _get(self, ref: str) -> FakeContainer:
+        self._check()
         with self.lock:
             for c in self.containers_.values():
                 if ref in (c.id, c.spec.name):
@@ -183,7 +216,7 @@ class FakeProvider:
             if any(c.spec.name == spec.name for c in self.containers_.values()):
                 raise EngineError(f"create container {spec.name}: name in use", 409)
             cid = f"{next(_ids):08x}" + "0" * 56
-            self.containers_[cid] = FakeContainer(spec, cid)
+            self.containers_[cid] = FakeContainer(spec, cid, host=self.name)
         self.calls.append(("create", spec.name))
         return cid
 
@@ -243,6 +276,7 @@ class FakeProvider:
             dict(s.labels),
             ContainerState(c.state, c.state == "running", c.exit_code, False, c.started_at, ""),
             Limits(int((s.cpu_limit or 0) * 1e9), s.cpu_quota or 0, s.cpu_period or 0, s.memory_bytes or 0),
+            self.name,
         )
 
     def logs(self, container: str, tail: int | str = "all") -> str:
@@ -327,6 +361,7 @@ class FakeProvider:
 
     # -- images
     def image_id(self, ref: str) -> str | None:
+        self._check()
         return self.images.get(ref)
 
     def pull(self, repo: str, tag: str) -> None:
@@ -348,8 +383,14 @@ class FakeProvider:
         for r in refs:
             yield f"{r}={self.images[r]}\n".encode()
 
-    def load_images(self, data: IO[bytes] | bytes) -> list[str]:
-        raw = data if isinstance(data, bytes) else data.read()
+    def load_images(self, data: IO[bytes] | bytes | Any) -> list[str]:
+        self._check()
+        if isinstance(data, bytes):
+            raw = data
+        elif hasattr(data, "read"):
+            raw = data.read()
+        else:  # an iterable of chunks (a stream fanned out to several engines)
+            raw = b"".join(data)
         for line in raw.decode().splitlines():
             ref, iid = line.split("=")
             self.images[ref] = iid

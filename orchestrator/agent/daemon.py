@@ -86,6 +86,12 @@ class Agent:
             self.env.store, self.name, "the recovery watcher", log, RecoveryWatcher(self.env, self.name).run, self.stop
         )
 
+    def _hosts(self) -> None:
+        from ..hosts.watch import HostWatch
+
+        # a bug in the host watcher is reported; provisioning and recovery go on without it
+        guarded(self.env.store, self.name, "the host watcher", log, HostWatch(self.env, self.name).run, self.stop)
+
     def _gpu_watch(self) -> None:
         from .gpuwatch import GpuWatch
 
@@ -112,10 +118,12 @@ class Agent:
 
     def run(self) -> int:
         env = self.env
-        images = env.images.refs()
+        images = env.images.refs(env.node_image_defs())
         cluster = Cluster(env, self.name)
         threading.Thread(target=self._events, daemon=True, name="events").start()
         threading.Thread(target=self._recovery, daemon=True, name="recovery").start()
+        if env.multihost:  # hosts lost and back (hosts/watch.py)
+            threading.Thread(target=self._hosts, daemon=True, name="hosts").start()
         from ..cluster.create import has_gpus
 
         if has_gpus(cluster.spec, env.catalogue):  # passive GPU monitoring (agent/gpuwatch.py)

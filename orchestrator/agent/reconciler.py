@@ -85,9 +85,8 @@ class GroupReconciler:
         prefix = self.group.lower()
         latest = {n: v for n, v in latest_all.items() if group_prefix(n) == prefix}
         now = self.clock()
-        mine = {
-            c.node: c for c in self.c.p.containers(self.c.name, {"io.hp.group": self.group}) if c.is_node and c.node
-        }
+        listed = self.c.current(self.c.p.containers(self.c.name, {"io.hp.group": self.group}))
+        mine = {c.node: c for c in listed if c.is_node and c.node}
         phase = {n: v[0] for n, v in latest.items()}
         nxt = RESYNC
         # 1. passive sync: what became of launching nodes, and nodes being removed
@@ -129,6 +128,9 @@ class GroupReconciler:
             for n, (_, _, t) in latest.items()
             if n not in mine and owner(phase[n], t, now) in (Owner.RECOVERY, Owner.HEALTH)
         }
+        # on a registered host that does not answer: not missing (the host watcher
+        # replaces them, or they come back with their host)
+        recovering |= {n for n in self.c.lost_nodes(mine) if group_prefix(n) == prefix}
         missing = g.InstanceCount - len(active) - len(recovering)
         used = {ci.index for ci in mine.values()} | {split_node(n)[1] for n in recovering}
         free = [i for i in range(1, g.InstanceCount + len(mine) + len(recovering) + 2) if i not in used]

@@ -12,7 +12,7 @@ from ..cluster.context import Cluster, parallel
 from ..spec.catalogue import InstanceType
 from . import iperf, mpi, nccl, sidecar
 from .limits import thresholds
-from .logic import implicated, ring_pairs
+from .logic import implicated, interleave_hosts, ring_pairs
 from .verdict import Verdict
 
 SSH_PORT = 2222  # in the node's network namespace; the node's own sshd (if any) keeps 22
@@ -70,7 +70,9 @@ def iperf_ring(
     cluster: Cluster, cars: list[sidecar.Sidecar], min_gbps: float, seconds: int
 ) -> tuple[dict[tuple[str, str], Verdict], dict[tuple[str, str], bool], str]:
     by = {c.node: c for c in cars}
-    pairs = ring_pairs([c.node for c in cars])
+    # across hosts: neighbours in the ring on different hosts, so that a host that cannot
+    # be reached implicates only its own nodes
+    pairs = ring_pairs(interleave_hosts([(c.node, c.host) for c in cars]))
 
     def one(pair: tuple[str, str]) -> tuple[Verdict, str]:
         a, b = pair

@@ -38,6 +38,22 @@ def ring_pairs(nodes: list[str]) -> list[tuple[str, str]]:
     return [(nodes[i], nodes[(i + 1) % len(nodes)]) for i in range(len(nodes))]
 
 
+def interleave_hosts(nodes: list[tuple[str, str]]) -> list[str]:
+    """(node, host) pairs as a ring order in which neighbours are on different hosts
+    where they can be: the first node of each host, then the second of each... With
+    nodes on three or more hosts, a host whose traffic is cut fails both pairs of each
+    of its nodes, and one pair of their neighbours: only its own nodes are implicated."""
+    by: dict[str, list[str]] = {}
+    for n, h in nodes:
+        by.setdefault(h, []).append(n)
+    out: list[str] = []
+    i = 0
+    while len(out) < len(nodes):
+        out += [ns[i] for ns in by.values() if i < len(ns)]
+        i += 1
+    return out
+
+
 def implicated(nodes: list[str], pair_ok: dict[tuple[str, str], bool]) -> set[str]:
     """Nodes to blame for failed pair tests: a node all of whose pairs failed. When
     every pair failed nothing tells the nodes apart, and all are implicated; with

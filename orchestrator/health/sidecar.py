@@ -17,6 +17,7 @@ class Sidecar:
     node: str
     cid: str
     limits: Limits
+    host: str = ""  # the registered host it (and its node) runs on; "" on one engine
 
 
 def start(cluster: Cluster, node: Container, image: str, req: str, gpus: GpuWiring | None = None) -> Sidecar:
@@ -41,7 +42,7 @@ def start(cluster: Cluster, node: Container, image: str, req: str, gpus: GpuWiri
     )
     cid = p.create_container(spec)
     p.start(cid)
-    return Sidecar(node.node or node.name, cid, lim)
+    return Sidecar(node.node or node.name, cid, lim, node.host)
 
 
 def run(cluster: Cluster, sc: Sidecar, argv: list[str]) -> ExecResult:

@@ -146,6 +146,8 @@ class RecoveryWatcher:
             return
         if ev.action != "die":
             return
+        if ev.host and self.cluster.placements().get(node, ev.host) != ev.host:
+            return  # a stale copy on a host that came back (the node runs elsewhere): removed, never recovered
         automatic = self._automatic()
         if automatic is None:
             return

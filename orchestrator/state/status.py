@@ -24,6 +24,7 @@ class NodeView:
     slurm: SlurmNode | None
     status: str
     message: str
+    host: str | None = None  # multi-host: the host it runs on (or was lost with)
 
     def as_dict(self) -> dict[str, Any]:
         c = self.container
@@ -38,7 +39,7 @@ class NodeView:
             "SlurmReason": (self.slurm.reason or None) if self.slurm else None,
             "ContainerName": c.name if c else None,
             "IpAddress": c.ip if c else None,
-            "Host": (c.host or None) if c else None,
+            "Host": (c.host or None) if c else self.host,
             "LaunchTime": c.created if c else None,
         }
 
@@ -92,9 +93,12 @@ def node_views(
     snodes: dict[str, SlurmNode],
     recorded: Latest,
     controller_up: bool,
+    lost: dict[str, tuple[str, str]] | None = None,
 ) -> list[NodeView]:
+    """`lost`: nodes on a registered host that does not answer (node -> (host, why))."""
     out = []
-    names = set(containers) | {n for n, r in recorded.items() if visible(r[0]) == "Pending"}
+    lost = lost or {}
+    names = set(containers) | set(lost) | {n for n, r in recorded.items() if visible(r[0]) == "Pending"}
     itypes = {g.InstanceGroupName: g.InstanceType for g in spec.InstanceGroups}
     roles = {g.InstanceGroupName.lower(): ROLE_BY_NODE_TYPE[g.node_type] for g in spec.InstanceGroups}
     gnames = {g.InstanceGroupName.lower(): g.InstanceGroupName for g in spec.InstanceGroups}
@@ -108,7 +112,11 @@ def node_views(
                 continue
             group, role, itype = gnames[gl], roles[gl], itypes[gnames[gl]]
         status, msg = instance_status(role, c, snodes.get(n), recorded.get(n), controller_up)
-        out.append(NodeView(n, group, itype, role, c, snodes.get(n), status, msg))
+        host = None
+        if c is None and n in lost:
+            host, why = lost[n]
+            status, msg = "Failure", f"its host {host} does not answer ({why})"
+        out.append(NodeView(n, group, itype, role, c, snodes.get(n), status, msg, host))
     return out
 
 
