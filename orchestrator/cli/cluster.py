@@ -70,6 +70,8 @@ def dry_run_check(e: Any, spec: Any, catalogue: dict) -> None:
     from ..docker.engine import DockerEngine
     from ..errors import EngineUnavailable
 
+    if e is None and any(catalogue[g.InstanceType].gpus for g in spec.InstanceGroups):
+        e = env()  # GPU types: the host's GPUs are discovered (and cached in the store)
     provider = e.provider if e is not None else DockerEngine()
     try:
         pool = capacity.host_pool(provider, e.store if e is not None else None)
