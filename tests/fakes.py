@@ -11,7 +11,9 @@
   containers that start register in it (with the drain their slurmd --conf asks for)
   when `auto_register` is on, as slurmd would.
 - FakeAgents: agent process control that starts nothing.
-- world(): an Env wired with all three and a private Store.
+- world(): an Env wired with all three and a private Store; multi_world(): the same
+  over a MultiHostProvider of several fake engines (registered hosts h1, h2, ...), the
+  first a swarm manager, images coming from a fake local engine.
 """
 
 from __future__ import annotations
@@ -627,6 +629,55 @@ def world(tmp_path: Path, cpus: int = 8, memory_mib: int = 16384, build: bool = 
     if build:
         env.images.build(log=lambda s: None)
     return World(env, p, slurm, agents, home)
+
+
+@dataclass
+class MultiWorld:
+    env: Env
+    provider: Any  # MultiHostProvider
+    hosts: dict[str, FakeProvider]
+    source: FakeProvider
+    slurm: FakeSlurm
+    agents: FakeAgents
+    home: Path
+
+    def node(self, cluster: str, node: str) -> FakeContainer:
+        """The node's running (else any) container, on whatever host holds it."""
+        found = []
+        for h in self.hosts.values():
+            if h.up:
+                try:
+                    found.append(h.node(cluster, node))
+                except ObjectMissing:
+                    pass
+        if not found:
+            raise ObjectMissing(f"no {node}")
+        return sorted(found, key=lambda c: c.state != "running")[0]
+
+    def host_of(self, cluster: str, node: str) -> str:
+        return self.node(cluster, node).host
+
+
+def multi_world(tmp_path: Path, hosts: int = 3, cpus: int = 8, memory_mib: int = 16384) -> MultiWorld:
+    """An Env over a MultiHostProvider of `hosts` fake engines (h1 the swarm manager)."""
+    from orchestrator.docker.multihost import MultiHostProvider
+
+    source = FakeProvider(cpus, memory_mib)
+    source.images["debian:trixie-slim"] = "sha256:base"
+    engines = {f"h{i}": FakeProvider(cpus, memory_mib, name=f"h{i}") for i in range(1, hosts + 1)}
+    engines["h1"].info_ = replace(engines["h1"].info_, swarm_manager=True, swarm_state="active")
+    slurm = FakeSlurm()
+    for e in engines.values():
+        e.on_start.append(slurm.register)
+    mp = MultiHostProvider(engines, source)
+    agents = FakeAgents()
+    home = tmp_path / "hphome"
+    env = Env(provider=mp, store=Store(home), slurm_factory=lambda prov, ctl: slurm, agents=agents)
+    env.images.build(log=lambda s: None)
+    from orchestrator.docker.images import MULTIHOST_IMAGES
+
+    env.images.build(MULTIHOST_IMAGES, log=lambda s: None)
+    return MultiWorld(env, mp, engines, source, slurm, agents, home)
 
 
 def spec_doc(name: str, groups: list[tuple[str, str, int]] | None = None, login: bool = True, **top: Any) -> dict:

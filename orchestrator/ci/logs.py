@@ -30,8 +30,9 @@ class LogWriter:
 
     def write(self, rel: str, data: bytes | str) -> None:
         raw = data.encode() if isinstance(data, str) else data
-        if self.secret and self.secret in raw:
-            raw = raw.replace(self.secret, b"<hp: auth key removed>")
+        if self.secret:  # as bytes, and as a log shows binary bytes once decoded (U+FFFD for each bad byte)
+            for form in {self.secret, self.secret.decode(errors="replace").encode()}:
+                raw = raw.replace(form, b"<hp: auth key removed>")
         path = self.root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(raw)
@@ -69,11 +70,13 @@ def export_logs(env: Env, name: str, directory: Path, log: Log = lambda s: None)
     by_node = {c.node or c.name: c for c in containers if c.role != "check"}
     ctl = next((c for c in containers if c.role == "controller"), None)
     ctl_up = ctl is not None and ctl.running
+    # Slurm through the controller found by its labels: also for leftovers with no record
+    slurm = env.slurm_factory(p, ctl.id) if ctl is not None and ctl_up else None
     recorded = env.store.latest_phases(name) if row else {}
     nodes = nodes_to_collect(by_node, recorded, time.time())
     for node in nodes:
         log(f"collecting {node}")
-        _node_logs(cluster, w, node, by_node.get(node), recorded.get(node), ctl_up)
+        _node_logs(cluster, w, node, by_node.get(node), recorded.get(node), slurm)
     if row is not None:
         w.json(
             "cluster.json",
@@ -86,8 +89,8 @@ def export_logs(env: Env, name: str, directory: Path, log: Log = lambda s: None)
         health = _health_results(env, name)
         if health:
             w.json("health-checks.json", health)
-    if ctl_up:
-        for fname, text in cluster.slurm.overview().items():
+    if slurm is not None:
+        for fname, text in slurm.overview().items():
             w.write(fname, text)
     return {"ClusterName": name, "Directory": str(directory), "Nodes": nodes, "Files": sorted(w.files)}
 
@@ -98,7 +101,7 @@ def _node_logs(
     node: str,
     c: Container | None,
     recorded: tuple[str, str, float] | None,
-    ctl_up: bool,
+    slurm: Any,
 ) -> None:
     p = cluster.p
     phase = {"RecordedStatus": recorded[0] if recorded else None, "Message": recorded[1] if recorded else None}
@@ -114,8 +117,8 @@ def _node_logs(
     for fname, data in p.get_dir(c.id, "/var/log/slurm").items():
         if fname.endswith(".log"):
             w.write(f"{node}/{fname}", data)
-    if ctl_up and c.role == "worker":
-        w.write(f"{node}/scontrol-show-node.txt", cluster.slurm.show_node(node))
+    if slurm is not None and c.role == "worker":
+        w.write(f"{node}/scontrol-show-node.txt", slurm.show_node(node))
 
 
 def _slurm_conf(cluster: Cluster, ctl: Container | None) -> bytes:

@@ -40,7 +40,15 @@ def _register() -> None:
 _register()
 
 # click's usage errors (typer vendors click as typer._click, so they are told apart by name)
-USAGE_ERRORS = ("UsageError", "BadParameter", "NoSuchOption", "MissingParameter", "BadOptionUsage", "BadArgumentUsage")
+USAGE_ERRORS = (
+    "UsageError",
+    "BadParameter",
+    "NoSuchOption",
+    "MissingParameter",
+    "BadOptionUsage",
+    "BadArgumentUsage",
+    "NoArgsIsHelpError",  # `hp`, `hp images`...: the help, exit 2
+)
 
 
 def main() -> None:

@@ -79,8 +79,8 @@ def dry_run_check(e: Any, spec: Any, catalogue: dict) -> None:
     from ..errors import EngineUnavailable
     from ..hosts.registry import hosts_registered
 
-    if e is None and hosts_registered():
-        e = env()
+    if e is None and (hosts_registered() or any(catalogue[g.InstanceType].gpus for g in spec.InstanceGroups)):
+        e = env()  # hosts' capacity, or GPU types: the host's GPUs are discovered (and cached in the store)
     if e is not None and e.multihost:
         try:
             problems = placement_problems(e, spec) or capacity_problems(e, spec, None, catalogue)

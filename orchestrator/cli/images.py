@@ -22,12 +22,14 @@ def build(
     json_out: bool = JsonOpt,
 ) -> None:
     """Build the node and check images (nothing is rebuilt when nothing changed)."""
-    from ..docker.images import ALL_IMAGES, GPU_IMAGES
+    from ..docker.images import ALL_IMAGES, GPU_IMAGES, MULTIHOST_IMAGES
 
     e = env()
-    e.provider.ping()
+    getattr(e.provider, "source", e.provider).ping()  # images live on the local engine
     out = Out(json_out)
-    refs = e.images.build(ALL_IMAGES + (GPU_IMAGES if gpu else ()), log=out.info)
+    refs = e.images.build(
+        ALL_IMAGES + (MULTIHOST_IMAGES if e.multihost else ()) + (GPU_IMAGES if gpu else ()), log=out.info
+    )
     if json_out:
         out.json({"Images": refs})
     else:
@@ -38,8 +40,10 @@ def build(
 def list_(json_out: bool = JsonOpt) -> None:
     """Show hp's images, the tag their inputs hash to now, and whether it is built."""
     e = env()
-    e.provider.ping()
-    rows = e.images.status()
+    getattr(e.provider, "source", e.provider).ping()  # images live on the local engine
+    from ..docker.images import MULTIHOST_IMAGES
+
+    rows = e.images.status(MULTIHOST_IMAGES if e.multihost else ())
     out = Out(json_out)
     if json_out:
         out.json({"Images": rows})

@@ -449,7 +449,10 @@ class DockerEngine:
             with _errors(f"wait for {spec.name}"):
                 try:
                     code = self.api.wait(cid, timeout=timeout).get("StatusCode", -1)
-                except requests.exceptions.ReadTimeout:
+                except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError) as e:
+                    # over a unix socket docker-py reports a read timeout as a ConnectionError
+                    if not isinstance(e, requests.exceptions.ReadTimeout) and "timed out" not in str(e).lower():
+                        raise
                     raise EngineError(f"{spec.name} did not finish within {timeout:g} s", 408) from None
             return ExecResult(int(code), self.logs(cid))
         finally:

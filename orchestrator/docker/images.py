@@ -194,13 +194,12 @@ class Images:
             raise OperationFailed(f"building {ref} produced no image")
         self.p.tag_image(ref, d.repo(), "latest")
 
-    def status(self) -> list[dict[str, str | bool]]:
+    def status(self, extra: tuple[ImageDef, ...] = ()) -> list[dict[str, str | bool]]:
+        """hp's images (and `extra` ones: the multi-host images when hosts are registered)."""
         try:
             base_ref, base_id = self.base(make=False)
         except OperationFailed:
-            return [
-                {"Image": d.repo(), "Tag": "", "Present": False} for d in ALL_IMAGES + GPU_IMAGES + MULTIHOST_IMAGES
-            ]
+            return [{"Image": d.repo(), "Tag": "", "Present": False} for d in ALL_IMAGES + GPU_IMAGES + extra]
         return [
             {
                 "Image": d.repo(),
@@ -208,5 +207,5 @@ class Images:
                 "Present": self.exists(self.tag(d, base_id)),
                 "Base": base_ref,
             }
-            for d in ALL_IMAGES + GPU_IMAGES + MULTIHOST_IMAGES
+            for d in ALL_IMAGES + GPU_IMAGES + extra
         ]

@@ -206,9 +206,15 @@ class MultiHostProvider:
 
     # -- the engine -------------------------------------------------------------------
     def ping(self, timeout: float | None = None) -> None:
-        if not self.live():
-            down = "; ".join(f"{h}: {why}" for h, why in self.unreachable().items())
-            raise EngineUnavailable(f"no registered host answers ({down}); see 'hp hosts list'")
+        """Fine when one host answers; hosts that do not are named by unreachable()."""
+        for h in self.live():
+            try:
+                self._call(h, lambda e: e.ping(timeout=timeout or PING_TIMEOUT_S))
+                return
+            except EngineUnavailable:
+                continue
+        down = "; ".join(f"{h}: {why}" for h, why in self.unreachable().items())
+        raise EngineUnavailable(f"no registered host answers ({down}); see 'hp hosts list'")
 
     def info(self) -> EngineInfo:
         """The hosts together: their CPUs and memory summed (per-host facts: engines())."""

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from ..docker import engine as engine_mod
 from ..docker.engine import DockerEngine
 from ..docker.multihost import MultiHostProvider
 from ..docker.provider import Provider
@@ -49,7 +50,7 @@ ADD_TIMEOUT_S = 10.0
 
 
 def engine_for(row: HostRow, timeout: float | None = None) -> DockerEngine:
-    return DockerEngine(
+    return engine_mod.DockerEngine(
         row.url,
         name=row.name,
         timeout=timeout,
@@ -74,8 +75,8 @@ def provider_for(store: Store) -> Provider:
     """The local engine when no host is registered; else the hosts' engines together."""
     rows = store.hosts()
     if not rows:
-        return DockerEngine()
-    return MultiHostProvider({r.name: engine_for(r) for r in rows}, DockerEngine(), mtu=overlay_mtu(rows))
+        return engine_mod.DockerEngine()  # looked up now (tests replace it)
+    return MultiHostProvider({r.name: engine_for(r) for r in rows}, engine_mod.DockerEngine(), mtu=overlay_mtu(rows))
 
 
 def hosts_registered(home: Path | None = None) -> bool:
@@ -209,7 +210,7 @@ def _check_same_kind(store: Store, name: str, info: EngineInfo) -> None:
     """Every host runs the images built on the local engine: same architecture."""
     archs = {r.name: r.opt("arch") for r in store.hosts() if r.opt("arch")}
     try:
-        local = DockerEngine(timeout=5).info().arch
+        local = engine_mod.DockerEngine(timeout=5).info().arch
         archs.setdefault("the local engine (where images are built)", local)
     except (EngineUnavailable, EngineError):
         pass

@@ -119,7 +119,7 @@ class HostWatch:
             for h in self.env.provider.engines():
                 if h not in down:
                     self.sweep(h, returned=False)
-            self._controller_status(down)
+        self._controller_status(down)
 
     def _swarm_states(self) -> dict[str, str]:
         """Hosts whose swarm node a manager sees Down (their engine may still answer):

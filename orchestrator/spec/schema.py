@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from . import names as specnames
-from .model import NAME_MAX, NAME_RE, ClusterSpec
+from .model import NAME_MAX, NAME_RE, SLURM_MAX_NODES, ClusterSpec
 
 SCHEMA_ID = "https://hp.invalid/schemas/cluster-spec.schema.json"
 PATH = Path(__file__).resolve().parents[2] / "schemas" / "cluster-spec.schema.json"
@@ -36,6 +36,8 @@ GAPS = [
     "a group name's limit depends on the cluster name's length (container names hp-<cluster>-<group>-<index> within "
     "63 characters); here every group name is held to the limit for a one-character cluster name",
     "an integral float (2.0) where an integer is due: JSON Schema's integer takes it, hp refuses it",
+    "the compute nodes of all groups together at most MaxNodeCount (or Slurm's 65536): a sum JSON Schema cannot "
+    "compute",
     "Placement.Hosts must name registered hosts (hp hosts list): known only when the cluster is created",
 ]
 
@@ -95,6 +97,7 @@ def cluster_spec_schema() -> dict[str, Any]:
         "refused when the cluster is created",
     )
     gp["InstanceCount"]["minimum"] = 0
+    gp["InstanceCount"]["maximum"] = SLURM_MAX_NODES
     gp["MinCount"]["anyOf"][0]["minimum"] = 0
     partition = {
         "type": "string",

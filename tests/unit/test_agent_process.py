@@ -179,9 +179,7 @@ def test_poke_sends_sigusr1_to_the_live_agent(store: Store, holders: list) -> No
     assert p.poll() is None  # woken, not stopped
 
 
-def test_poke_and_stop_of_an_absent_or_dead_agent_do_nothing(
-    store: Store, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_poke_and_stop_of_an_absent_or_dead_agent_do_nothing(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     a = AgentProcesses(store)
     sent: list[tuple[int, int]] = []
     real_kill = os.kill

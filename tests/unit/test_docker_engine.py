@@ -811,12 +811,6 @@ def test_run_once_past_its_timeout_is_a_408_once_docker_py_says_read_timeout() -
     assert ei.value.status == 408 and api.called("remove_container")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="product bug: over a unix socket docker-py raises requests ConnectionError ('Read timed out.'), "
-    "not ReadTimeout, when wait() times out (recorded: docker-20.10-run-once.json); run_once reports "
-    "EngineUnavailable ('cannot reach a Docker engine') instead of EngineError 408",
-)
 def test_run_once_past_its_timeout_as_docker_py_really_reports_it_is_a_408() -> None:
     rec = fx("run-once")["wait_timeout"]
     assert rec["raised"] == "requests.exceptions.ConnectionError"

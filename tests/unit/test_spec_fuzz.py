@@ -292,6 +292,16 @@ def gaps(doc: Any) -> set[str]:
     cluster = doc.get("ClusterName")
     seen: set[str] = set()
     parts: set[str] = set()
+    counts = [
+        g.get("InstanceCount")
+        for g in _groups(doc)
+        if isinstance(g, dict)
+        and isinstance(g.get("SlurmConfig"), dict)
+        and g["SlurmConfig"].get("NodeType") == "Compute"
+    ]
+    limit = doc.get("MaxNodeCount") if isinstance(doc.get("MaxNodeCount"), int) else 65536
+    if sum(c for c in counts if isinstance(c, int) and not isinstance(c, bool)) > limit:
+        out.add("compute nodes over MaxNodeCount")
     for g in _groups(doc):
         if not isinstance(g, dict):
             continue

@@ -1,0 +1,566 @@
+"""Clusters across registered hosts, on fakes (tests/fakes.py multi_world: a
+MultiHostProvider over three fake engines): the provider's routing, merged lists and
+events, images made present by id, placement (spread, pack, Placement.Hosts, capacity per
+host), create across hosts, and what happens when a host is lost and comes back. The
+same behaviours run on real Docker-in-Docker hosts in tests/e2e/test_multihost.py."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from fakes import FakeProvider, multi_world, spec_doc, world
+
+from orchestrator.agent.reconciler import GroupReconciler
+from orchestrator.cluster import capacity, placement
+from orchestrator.cluster.context import Cluster
+from orchestrator.cluster.create import CreateOptions, create
+from orchestrator.cluster.delete import delete
+from orchestrator.cluster.launcher import Launcher
+from orchestrator.cluster.query import nodes
+from orchestrator.docker import multihost as mh
+from orchestrator.docker.multihost import HostUnavailable, MultiHostProvider
+from orchestrator.docker.views import ContainerSpec, Event
+from orchestrator.errors import BadInput, EngineUnavailable, InsufficientCapacity, ObjectMissing, OperationFailed
+from orchestrator.health.logic import implicated, interleave_hosts, ring_pairs
+from orchestrator.hosts import watch as hostwatch
+from orchestrator.hosts.watch import HostWatch
+from orchestrator.recovery import actions
+from orchestrator.spec.catalogue import load_catalogue
+from orchestrator.spec.model import validate
+
+
+@pytest.fixture(autouse=True)
+def fast(monkeypatch):
+    monkeypatch.setattr(actions, "POLL_S", 0.001)
+    monkeypatch.setattr(mh, "RETRY_S", 0.0)
+
+
+def make(w, name="lab", groups=None, **top):
+    spec = validate(spec_doc(name, groups or [("cpu", "cpu.nano", 6)], **top), w.env.catalogue)
+    return create(w.env, spec, CreateOptions(timeout=5, register_timeout=2))
+
+
+def where(w, name="lab"):
+    """node -> host of its container."""
+    return {
+        c.node: h
+        for h, e in w.hosts.items()
+        if e.up
+        for c in (x.view() for x in e.containers_.values())
+        if c.labels.get("io.hp.cluster") == name and c.node and c.role != "check"
+    }
+
+
+# -- the provider -----------------------------------------------------------------------
+def spec(name, host="", image="img:1", **kw):
+    return ContainerSpec(name=name, image=image, labels={"io.hp.managed": "1", "io.hp.cluster": "c"}, host=host, **kw)
+
+
+def two():
+    src = FakeProvider()
+    src.images["img:1"] = "sha256:one"
+    a, b = FakeProvider(name="a"), FakeProvider(name="b")
+    return MultiHostProvider({"a": a, "b": b}, src), a, b, src
+
+
+def test_routing_by_placement_and_by_container():
+    p, a, b, _ = two()
+    cid = p.create_container(spec("x", host="b"))
+    assert b.containers_ and not a.containers_  # made where it was placed
+    p.start(cid)
+    assert b._get(cid).state == "running"
+    assert p.inspect("x").host == "b" and p.exec("x", ["true"]).exit_code == 0
+    # a check container goes to its node's host (network_of)
+    p.create_container(spec("x-check", network_of=cid))
+    assert len(b.containers_) == 2
+    # lists are the union, each view naming its host
+    p.create_container(spec("y", host="a"))
+    assert sorted((c.name, c.host) for c in p.containers()) == [("x", "b"), ("x-check", "b"), ("y", "a")]
+    with pytest.raises(ObjectMissing):
+        p.inspect("nothing")
+    p.remove_container("nothing")  # no error
+    with pytest.raises(Exception, match="no registered host named 'zz'"):
+        p.create_container(spec("z", host="zz"))
+
+
+def test_images_come_by_id_from_the_local_engine_once_per_host():
+    p, a, b, src = two()
+    assert p.missing_images(["img:1"]) == {"a": ["img:1"], "b": ["img:1"]}
+    said = []
+    p.prepare_images(["img:1"], said.append)
+    assert a.images["img:1"] == b.images["img:1"] == "sha256:one"
+    assert p.missing_images(["img:1"]) == {}
+    src.images["img:1"] = "sha256:rebuilt"  # a moved tag is streamed again
+    assert p.missing_images(["img:1"]) == {"a": ["img:1"], "b": ["img:1"]}
+    assert any("streaming img:1" in s for s in said)
+    with pytest.raises(ObjectMissing, match="not built on the local engine"):
+        p.missing_images(["nope:1"])
+
+
+def test_a_container_placed_on_a_host_without_its_image_brings_it():
+    p, a, _, _ = two()
+    p.create_container(spec("x", host="a"))
+    assert a.images["img:1"] == "sha256:one"
+
+
+def test_registry_pull_when_named(monkeypatch):
+    p, a, b, _ = two()
+    p.registry = "reg.example:5000"
+    pulled = []
+
+    def pull(repo, tag, e=a):
+        pulled.append((e.name, repo, tag))
+        e.images[f"{repo}:{tag}"] = "sha256:one"
+
+    a.pull = pull
+    b.pull = lambda repo, tag: pull(repo, tag, b)
+    p.prepare_images(["img:1"], lambda s: None)
+    assert pulled == [("a", "reg.example:5000/img", "1"), ("b", "reg.example:5000/img", "1")]
+    assert a.images["img:1"] == "sha256:one"  # tagged as hp names it
+
+
+def test_a_host_that_does_not_answer_is_skipped_and_named():
+    p, a, b, _ = two()
+    cid = p.create_container(spec("x", host="b"))
+    p.create_container(spec("y", host="a"))
+    b.up = False
+    assert [c.name for c in p.containers()] == ["y"]
+    assert "b" in p.unreachable()
+    with pytest.raises(HostUnavailable, match="host b does not answer"):
+        p.start(cid)
+    with pytest.raises(EngineUnavailable):
+        p.create_container(spec("z", host="b"))
+    b.up = True
+    assert p.check() == {}
+    assert sorted(c.name for c in p.containers()) == ["x", "y"]
+    a.up = b.up = False
+    with pytest.raises(EngineUnavailable, match="no registered host answers"):
+        p.ping()
+
+
+def test_a_name_on_two_hosts_resolves_to_the_running_one():
+    p, a, b, _ = two()
+    old = p.create_container(spec("n", host="a"))
+    new = p.create_container(spec("n", host="b"))
+    p.start(new)
+    p2 = MultiHostProvider({"a": a, "b": b}, p.source)  # a fresh process knows nothing yet
+    assert p2.inspect("n").id == new
+    assert p2.inspect(old).host == "a"
+
+
+def test_events_are_merged_from_every_host():
+    p, a, b, _ = two()
+    a.events_ = [Event("die", "1", {"io.hp.managed": "1", "io.hp.cluster": "c"}, 1.0, 137, "a")]
+    b.events_ = [Event("start", "2", {"io.hp.managed": "1", "io.hp.cluster": "c"}, 2.0, None, "b")]
+    s = p.events("c")
+    got = []
+
+    def read():
+        for ev in s:
+            got.append((ev.action, ev.host))
+            if len(got) == 2:
+                break
+
+    t = threading.Thread(target=read)
+    t.start()
+    t.join(3)
+    s.close()
+    assert sorted(got) == [("die", "a"), ("start", "b")]
+
+
+# -- placement ---------------------------------------------------------------------------
+CAT = load_catalogue()
+
+
+def pools(n=3, cpus=8.0, mem=16384):
+    return {f"h{i}": capacity.Pool(cpus, mem, []) for i in range(1, n + 1)}
+
+
+def group(doc_groups, i=2, **placement_):
+    doc = spec_doc("lab", doc_groups)
+    if placement_:
+        doc["InstanceGroups"][i]["Placement"] = placement_
+    return validate(doc, CAT).InstanceGroups[i]
+
+
+def test_spread_and_pack():
+    load = placement.loads(pools(), [], CAT, "lab")
+    g = group([("cpu", "cpu.nano", 6)])
+    got = []
+    for _ in range(6):
+        h, _ = placement.place(CAT["cpu.nano"], g, ["h1", "h2", "h3"], load, {})
+        load[h] = load[h].plus(CAT["cpu.nano"], [], g.InstanceGroupName)
+        got.append(h)
+    assert sorted(got) == ["h1", "h1", "h2", "h2", "h3", "h3"]
+    packed = group([("cpu", "cpu.nano", 2)], Strategy="pack", Hosts=["h3", "h2"])
+    load = placement.loads(pools(), [], CAT, "lab")
+    assert placement.place(CAT["cpu.nano"], packed, ["h1", "h2", "h3"], load, {})[0] == "h3"
+    ctl = validate(spec_doc("lab"), CAT).InstanceGroups[0]
+    assert placement.strategy_of(ctl) == "pack" and placement.strategy_of(g) == "spread"
+
+
+def test_insufficient_capacity_says_per_host_what_is_missing():
+    load = placement.loads(pools(cpus=0.5), [], CAT, "lab")
+    del load["h3"]
+    g = group([("cpu", "cpu.large", 1)])
+    with pytest.raises(InsufficientCapacity) as ei:
+        placement.place(CAT["cpu.large"], g, ["h1", "h2", "h3"], load, {"h3": "unreachable (gone)"})
+    msg = str(ei.value)
+    assert "on any host" in msg and "h1: needs" in msg and "h2: needs" in msg and "h3: unreachable (gone)" in msg
+    # one engine: the message of one host, as before
+    one = {"": placement.HostLoad(capacity.Pool(0.5, 16384, []), capacity.usage([], CAT))}
+    with pytest.raises(
+        InsufficientCapacity, match=r"^InsufficientCapacity: no capacity for instance type cpu.large: needs"
+    ):
+        placement.place(CAT["cpu.large"], g, [""], one, {})
+
+
+def test_placement_hosts_are_validated():
+    doc = spec_doc("lab")
+    doc["InstanceGroups"][2]["Placement"] = {"Hosts": ["h1", "h1", "bad_name"], "Strategy": "wide"}
+    with pytest.raises(BadInput) as ei:
+        validate(doc, CAT)
+    text = str(ei.value)
+    assert "named twice" in text and "bad_name" in text and "Strategy" in text
+
+
+# -- a cluster across hosts ------------------------------------------------------------------
+def test_create_spreads_compute_and_keeps_controller_login_and_home_on_the_first_host(tmp_path):
+    w = multi_world(tmp_path)
+    make(w)
+    got = where(w)
+    assert got["controller-1"] == got["login-1"] == "h1"
+    assert sorted(v for n, v in got.items() if n.startswith("cpu")) == ["h1", "h1", "h2", "h2", "h3", "h3"]
+    assert w.env.store.node_hosts("lab") == got
+    fs = w.hosts["h1"]._get("hp-lab-home")
+    assert fs.state == "running" and fs.spec.volumes == {"hp-lab-home": "/export"}
+    assert "hp-lab-home" in w.hosts["h1"].volumes_ and "hp-lab-slurmctld" in w.hosts["h1"].volumes_
+    net = w.hosts["h1"].networks_["hp-lab"]
+    assert net.driver == "overlay"
+    worker = w.node("lab", "cpu-1").spec
+    assert worker.image.startswith("hp-node-mh:") and worker.volumes == {}
+    assert worker.environment["HP_HOME_SERVER"] == "hp-lab-home" and worker.environment["HP_ROLE"] == "worker"
+    assert "/dev/fuse:/dev/fuse:rwm" in worker.devices and "SYS_ADMIN" in worker.cap_add
+    assert worker.labels["io.hp.host"] == w.host_of("lab", "cpu-1")
+    assert w.node("lab", "login-1").spec.environment["HP_ROLE"] == "login"
+    rows = {n["SlurmNodeName"]: n["Host"] for n in nodes(w.env, "lab")["ClusterNodeSummaries"]}
+    assert rows == got
+    # images went to every host, by id
+    assert all(e.images.get(w.env.images.refs()["worker"]) for e in w.hosts.values())
+
+
+def test_create_refuses_unknown_hosts_and_encryption_without_hosts(tmp_path):
+    w = multi_world(tmp_path)
+    doc = spec_doc("lab")
+    doc["InstanceGroups"][2]["Placement"] = {"Hosts": ["h9"]}
+    with pytest.raises(BadInput, match=r"unknown host\(s\) h9 \(registered: h1, h2, h3\)"):
+        create(w.env, validate(doc, w.env.catalogue), CreateOptions(timeout=5))
+    assert w.env.store.cluster("lab") is None and not w.provider.containers()
+    one = world(tmp_path / "one")
+    with pytest.raises(BadInput, match="no host is registered"):
+        create(one.env, validate(doc, one.env.catalogue), CreateOptions(timeout=5))
+    with pytest.raises(BadInput, match="encrypt-network"):
+        create(one.env, validate(spec_doc("lab"), one.env.catalogue), CreateOptions(encrypt_network=True))
+
+
+def test_an_encrypted_network_that_carries_nothing_fails_the_create(tmp_path):
+    w = multi_world(tmp_path)
+    for e in w.hosts.values():
+        e.run_handler = lambda spec: (
+            __import__("orchestrator.docker.views", fromlist=["ExecResult"]).ExecResult(1, "100% packet loss")
+            if spec.command and spec.command[0] == "ping"
+            else __import__("fakes").ExecResult(0, __import__("fakes").probe_output())
+        )
+    spec_ = validate(spec_doc("lab"), w.env.catalogue)
+    with pytest.raises(OperationFailed, match="carries no traffic from h2, h3 to h1"):
+        create(w.env, spec_, CreateOptions(timeout=5, encrypt_network=True))
+    assert w.hosts["h1"].overlay_options["encrypted"] is True
+    assert not w.provider.containers("lab") and not w.provider.networks("lab")  # rolled back
+
+
+def test_capacity_pool_of_a_type_is_the_sum_over_hosts(tmp_path):
+    w = multi_world(tmp_path, cpus=1)  # 4 CPU (overcommit 4x) per host
+    spec_ = validate(spec_doc("lab", [("cpu", "cpu.large", 13)]), w.env.catalogue)  # 4 per host fit, 12 in all
+    with pytest.raises(BadInput, match=r"more than the hosts can ever run: \d+ \(h1: "):
+        create(w.env, spec_, CreateOptions(timeout=5))
+
+
+def test_delete_leaves_nothing_on_any_host(tmp_path):
+    w = multi_world(tmp_path)
+    make(w)
+    delete(w.env, "lab")
+    for e in w.hosts.values():
+        assert not e.containers("lab") and not e.networks("lab") and not e.volumes("lab")
+
+
+# -- a host is lost -----------------------------------------------------------------------------
+def lose(w, host, monkeypatch):
+    monkeypatch.setattr(hostwatch, "LOST_AFTER_S", 0.0)
+    w.hosts[host].up = False
+
+
+def run_watch(w, replaced=None):
+    hw = HostWatch(w.env, "lab", replace=None if replaced is None else replaced)
+    hw.poll()
+    for t in hw._threads:
+        t.join(10)
+    return hw
+
+
+def test_nodes_of_a_lost_host_are_replaced_on_the_others_under_their_names(tmp_path, monkeypatch):
+    w = multi_world(tmp_path)
+    make(w)
+    on3 = sorted(n for n, h in where(w).items() if h == "h3")
+    assert on3
+    lose(w, "h3", monkeypatch)
+    hw = run_watch(w)
+    got = where(w)
+    assert all(got[n] in ("h1", "h2") for n in on3)
+    ph = w.env.store.latest_phases("lab")
+    assert all(ph[n][0] == "Running" for n in on3)
+    assert all(w.env.store.node_hosts("lab")[n] != "h3" for n in on3)
+    evs = [e.description for e in w.env.store.events("lab")]
+    assert any(f"Instance {on3[0]} in cluster lab is lost with its host h3" in e for e in evs)
+    # host 3 comes back: its stale copies are removed before anything starts them
+    w.hosts["h3"].up = True
+    hw.poll()
+    assert not [c for c in w.hosts["h3"].containers_.values() if c.spec.labels.get("io.hp.node") in on3]
+    assert any("stale copy on host h3 was removed" in e.description for e in w.env.store.events("lab"))
+
+
+def test_without_automatic_recovery_lost_nodes_are_marked_and_come_back_with_their_host(tmp_path, monkeypatch):
+    w = multi_world(tmp_path)
+    make(w, NodeRecovery="None")
+    on3 = sorted(n for n, h in where(w).items() if h == "h3")
+    lose(w, "h3", monkeypatch)
+    hw = run_watch(w)
+    ph = w.env.store.latest_phases("lab")
+    assert all(ph[n][0] == "Running" and "its host h3 does not answer" in ph[n][1] for n in on3)
+    rows = {n["SlurmNodeName"]: n for n in nodes(w.env, "lab")["ClusterNodeSummaries"]}
+    assert rows[on3[0]]["InstanceStatus"]["Status"] == "Failure" and rows[on3[0]]["Host"] == "h3"
+    # the reconciler does not launch them elsewhere: they are not missing
+    c = Cluster(w.env, "lab")
+    rec = GroupReconciler(c, "cpu", Launcher(c, w.env.images.refs(w.env.node_image_defs())), clock=lambda: 1e11)
+    rec.step({n.name: n for n in w.slurm.nodes()})
+    assert sorted(n for n, h in where(w).items() if n.startswith("cpu")) == sorted(
+        n for n in where(w) if n.startswith("cpu")
+    )
+    assert len([n for n in where(w) if n.startswith("cpu")]) == 4  # h3's two are not made again
+    # back: killed with the host, they are started again
+    for x in w.hosts["h3"].containers_.values():
+        x.state = "exited"
+    w.hosts["h3"].up = True
+    hw.poll()
+    assert all(w.hosts["h3"].node("lab", n).state == "running" for n in on3)
+
+
+def test_losing_the_controllers_host_makes_the_cluster_degraded_until_it_returns(tmp_path, monkeypatch):
+    w = multi_world(tmp_path)
+    make(w)
+    lose(w, "h1", monkeypatch)
+    replaced = []
+    hw = run_watch(w, replaced=lambda *a: replaced.append(a) or True)
+    row = w.env.store.cluster("lab")
+    assert row.status == "Degraded" and "the controller's host h1 does not answer" in row.message
+    assert "one controller per cluster" in row.message and replaced == []
+    for x in w.hosts["h1"].containers_.values():
+        x.state = "exited"
+    w.hosts["h1"].up = True
+    hw.poll()
+    assert w.hosts["h1"].node("lab", "controller-1").state == "running"
+    assert w.hosts["h1"]._get("hp-lab-home").state == "running"
+    assert w.env.store.cluster("lab").status == "InService"
+
+
+def test_stale_copies_are_invisible_to_recovery_and_provisioning(tmp_path):
+    w = multi_world(tmp_path)
+    make(w)
+    n = next(n for n, h in where(w).items() if h == "h3")
+    stale = w.hosts["h3"].node("lab", n)
+    w.env.store.set_node_host("lab", n, "h2")  # as after a replacement on h2
+    w.hosts["h2"].images.update(w.source.images)
+    w.hosts["h2"].create_container(stale.spec)
+    c = Cluster(w.env, "lab")
+    assert c.node_containers()[n].host == "h2"
+
+
+def test_a_replacement_that_finds_no_capacity_keeps_retrying(tmp_path, monkeypatch):
+    w = multi_world(tmp_path, cpus=1)
+    make(w, groups=[("cpu", "cpu.nano", 6)], NodeProvisioningMode="Continuous")
+    capacity.set_limit(w.env.store, "cpu.nano", 5)  # login + 4: after the loss, 2 cannot be placed
+    on3 = sorted(n for n, h in where(w).items() if h == "h3")
+    lose(w, "h3", monkeypatch)
+    run_watch(w)
+    ph = w.env.store.latest_phases("lab")
+    failed = [n for n in on3 if ph[n][0] == "LaunchFailed"]
+    assert failed and all("InsufficientCapacity" in ph[n][1] for n in failed)
+    capacity.set_limit(w.env.store, "cpu.nano", None)
+    c = Cluster(w.env, "lab")
+    rec = GroupReconciler(c, "cpu", Launcher(c, w.env.images.refs(w.env.node_image_defs())), clock=lambda: 1e11)
+    for _ in range(4):
+        rec.step({n.name: n for n in w.slurm.nodes()})
+    got = where(w)
+    assert all(got.get(n) in ("h1", "h2") for n in on3)
+
+
+# -- InstanceConnectivity across hosts --------------------------------------------------------
+def test_ring_neighbours_are_on_different_hosts_and_a_cut_host_implicates_only_its_nodes():
+    nodes_ = [("a1", "h1"), ("a2", "h1"), ("b1", "h2"), ("b2", "h2"), ("c1", "h3"), ("c2", "h3")]
+    order = interleave_hosts(nodes_)
+    assert order == ["a1", "b1", "c1", "a2", "b2", "c2"]
+    pairs = ring_pairs(order)
+    ok = {p: not ({"c1", "c2"} & set(p)) for p in pairs}
+    assert implicated(order, ok) == {"c1", "c2"}
+    assert interleave_hosts([("x", ""), ("y", "")]) == ["x", "y"]  # one engine: as before
+
+
+def test_host_watch_does_nothing_on_one_engine(tmp_path):
+    w = world(tmp_path)
+    create(w.env, validate(spec_doc("lab"), w.env.catalogue), CreateOptions(timeout=5))
+    HostWatch(w.env, "lab").poll()
+    assert w.env.store.cluster("lab").status == "InService"
+    assert Cluster(w.env, "lab").lost_nodes() == {} and Cluster(w.env, "lab").placements() == {}
+
+
+# -- the registry and the swarm ---------------------------------------------------------------
+class SwarmEngine(FakeProvider):
+    """A fake engine with a swarm side, shared by URL (the registry makes new handles)."""
+
+    swarm: dict = {}
+
+    def __init__(self, url, arch="x86_64", joinable=True):
+        super().__init__(name=url.rsplit("/", 1)[-1])
+        self.url, self.joinable = url, joinable
+        self.info_ = __import__("dataclasses").replace(self.info_, arch=arch, name=self.name)
+
+    def info(self, refresh=False):
+        self._check()
+        st = SwarmEngine.swarm
+        me = st.get("nodes", {}).get(self.name)
+        return __import__("dataclasses").replace(
+            self.info_,
+            swarm_state="active" if me else "inactive",
+            swarm_node_id=me["id"] if me else "",
+            swarm_manager=bool(me and me["role"] == "manager"),
+            swarm_addr=f"10.0.0.{len(self.name)}" if me else "",
+        )
+
+    def swarm_init(self, advertise):
+        SwarmEngine.swarm = {"nodes": {self.name: {"id": f"id-{self.name}", "role": "manager"}}}
+
+    def swarm_join(self, managers, token, advertise):
+        if not self.joinable:
+            raise __import__("orchestrator.errors", fromlist=["EngineError"]).EngineError("join refused", 500)
+        SwarmEngine.swarm["nodes"][self.name] = {"id": f"id-{self.name}", "role": "worker"}
+
+    def swarm_leave(self):
+        SwarmEngine.swarm.get("nodes", {}).pop(self.name, None)
+
+    def swarm_tokens(self):
+        return {"Worker": "tok-w", "Manager": "tok-m"}
+
+    def swarm_nodes(self):
+        return [
+            {"id": n["id"], "hostname": h, "role": n["role"], "state": "ready", "addr": "", "availability": "active"}
+            for h, n in SwarmEngine.swarm.get("nodes", {}).items()
+        ]
+
+    def swarm_set_role(self, node_id, role):
+        for n in SwarmEngine.swarm["nodes"].values():
+            if n["id"] == node_id:
+                n["role"] = role
+
+    def swarm_remove_node(self, node_id):
+        pass
+
+
+@pytest.fixture
+def fleet(monkeypatch, tmp_path):
+    from orchestrator.docker import engine as engine_mod
+    from orchestrator.state.store import Store
+
+    SwarmEngine.swarm = {}
+    engines = {
+        "unix:///h/1": SwarmEngine("unix:///h/1"),
+        "unix:///h/2": SwarmEngine("unix:///h/2"),
+        "unix:///h/3": SwarmEngine("unix:///h/3"),
+        "unix:///h/arm": SwarmEngine("unix:///h/arm", arch="aarch64"),
+        "unix:///h/nojoin": SwarmEngine("unix:///h/nojoin", joinable=False),
+        "unix:///h/dead": SwarmEngine("unix:///h/dead"),
+    }
+    engines["unix:///h/dead"].up = False
+    local = FakeProvider()
+    local.images["debian:trixie-slim"] = "sha256:base"
+
+    def factory(url=None, *a, **k):
+        return engines[url] if url else local
+
+    monkeypatch.setattr(engine_mod, "DockerEngine", factory)
+    return Store(tmp_path / "home"), engines
+
+
+def test_hosts_form_a_swarm_with_an_odd_number_of_managers(fleet):
+    from orchestrator.hosts import registry
+
+    store, _ = fleet
+    registry.add(store, "h1", "unix:///h/1")
+    assert registry.swarm_mode(store) == "created"
+    registry.add(store, "h2", "unix:///h/2", cpus=8, memory_mib=8192)
+    roles = {h: n["role"] for h, n in SwarmEngine.swarm["nodes"].items()}
+    assert roles == {"1": "manager", "2": "worker"}  # two managers would lose quorum with either
+    registry.add(store, "h3", "unix:///h/3")
+    roles = {h: n["role"] for h, n in SwarmEngine.swarm["nodes"].items()}
+    assert roles == {"1": "manager", "2": "manager", "3": "manager"}
+    assert [r.name for r in store.hosts()] == ["h1", "h2", "h3"] and store.hosts()[1].opt("cpus") == 8
+    doc = registry.listing(store)
+    assert [h["SwarmRole"] for h in doc["Hosts"]] == ["manager"] * 3 and all(h["Reachable"] for h in doc["Hosts"])
+    assert doc["Hosts"][1]["Cpus"] == 8  # the override
+    p = registry.provider_for(store)
+    assert isinstance(p, MultiHostProvider) and list(p.engines()) == ["h1", "h2", "h3"]
+
+
+def test_bad_hosts_are_refused_with_nothing_recorded(fleet):
+    from orchestrator.hosts import registry
+
+    store, _ = fleet
+    registry.add(store, "h1", "unix:///h/1")
+    with pytest.raises(EngineUnavailable, match="cannot reach the Docker engine of host hx at unix:///h/dead"):
+        registry.add(store, "hx", "unix:///h/dead")
+    with pytest.raises(BadInput, match="host arm is aarch64, h1 is x86_64"):
+        registry.add(store, "arm", "unix:///h/arm")
+    with pytest.raises(OperationFailed, match="cannot join the swarm of h1: join refused"):
+        registry.add(store, "nj", "unix:///h/nojoin")
+    assert "nojoin" not in SwarmEngine.swarm["nodes"]
+    with pytest.raises(BadInput) as ei:
+        registry.add(store, "bad_name", "http://x", cpus=0)
+    assert len(ei.value.problems) == 3
+    with pytest.raises(BadInput, match="already registered"):
+        registry.add(store, "h1", "unix:///h/2")
+    assert [r.name for r in store.hosts()] == ["h1"]
+
+
+def test_removing_a_host_is_refused_while_a_controller_or_nodes_live_there(fleet, tmp_path):
+    from orchestrator.cluster.context import Env
+    from orchestrator.hosts import registry
+
+    store, engines = fleet
+    registry.add(store, "h1", "unix:///h/1")
+    registry.add(store, "h2", "unix:///h/2")
+    registry.add(store, "h3", "unix:///h/3")
+    w = multi_world(tmp_path / "w")
+    env = Env(provider=registry.provider_for(store), store=store, slurm_factory=lambda p, c: w.slurm, agents=w.agents)
+    for e in engines.values():
+        e.on_start.append(w.slurm.register)
+    env.images.build(env.node_image_defs(), log=lambda s: None)
+    spec_ = validate(spec_doc("lab", [("cpu", "cpu.nano", 3)]), env.catalogue)
+    create(env, spec_, CreateOptions(timeout=5, register_timeout=2))
+    with pytest.raises(BadInput, match="holds the controller of cluster"):
+        registry.remove(env, "h1")
+    with pytest.raises(BadInput, match=r"host h3 holds 1 node\(s\) \(lab/cpu-"):
+        registry.remove(env, "h3")
+    doc = registry.remove(env, "h3", drain=True)
+    assert len(doc["Moved"]) == 1 and [r.name for r in store.hosts()] == ["h1", "h2"]
+    assert "3" not in SwarmEngine.swarm["nodes"]
+    moved = doc["Moved"][0].split("/")[1]
+    assert store.node_hosts("lab")[moved] in ("h1", "h2")
