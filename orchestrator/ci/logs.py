@@ -67,7 +67,8 @@ def export_logs(env: Env, name: str, directory: Path, log: Log = lambda s: None)
     secret = key_path.read_bytes() if key_path.is_file() else None
     w = LogWriter(directory, secret)
     directory.mkdir(parents=True, exist_ok=True)
-    by_node = {c.node or c.name: c for c in containers if c.role != "check"}
+    # from every host; a stale copy of a node (left on a host that came back) is not the node
+    by_node = {c.node or c.name: c for c in cluster.current(containers) if c.role != "check"}
     ctl = next((c for c in containers if c.role == "controller"), None)
     ctl_up = ctl is not None and ctl.running
     # Slurm through the controller found by its labels: also for leftovers with no record
@@ -89,6 +90,11 @@ def export_logs(env: Env, name: str, directory: Path, log: Log = lambda s: None)
         health = _health_results(env, name)
         if health:
             w.json("health-checks.json", health)
+        if env.multihost:  # where each node was placed, and which hosts answered
+            w.json(
+                "hosts.json",
+                {"Placements": env.store.node_hosts(name), "Unreachable": p.unreachable(), "Hosts": list(p.engines())},
+            )
     if slurm is not None:
         for fname, text in slurm.overview().items():
             w.write(fname, text)
@@ -111,7 +117,15 @@ def _node_logs(
     d = p.inspect(c.id)
     w.json(
         f"{node}/status.json",
-        {"Node": node, "Container": c.name, "Image": d.image, "Labels": c.labels, "State": d.state.as_dict(), **phase},
+        {
+            "Node": node,
+            "Container": c.name,
+            "Image": d.image,
+            "Labels": c.labels,
+            "State": d.state.as_dict(),
+            **({"Host": c.host} if c.host else {}),
+            **phase,
+        },
     )
     w.write(f"{node}/container.log", p.logs(c.id))
     for fname, data in p.get_dir(c.id, "/var/log/slurm").items():

@@ -163,12 +163,12 @@ class Launcher:
                 load[host] = load[host].plus(itype, gpus or [], g.InstanceGroupName)
                 per_type = {**per_type, itype.name: per_type.get(itype.name, 0) + 1}
                 todo.append((g, i, gpus, host))
+            if c.multihost:  # recorded first: a copy of the node on another host is stale from now on
+                for g, i, _, host in todo:
+                    c.store.set_node_host(c.name, node_name(g.InstanceGroupName, i), host)
             results = parallel(lambda t: self._create_one(t[0], t[1], t[2], files, drain_reason, t[3]), todo)
-        for (g, i, _, host), r in zip(todo, results, strict=True):
-            n = node_name(g.InstanceGroupName, i)
-            out[n] = r
-            if isinstance(r, str) and c.multihost:
-                c.store.set_node_host(c.name, n, host)
+        for (g, i, _, _), r in zip(todo, results, strict=True):
+            out[node_name(g.InstanceGroupName, i)] = r
         gpu_nodes = {
             node_name(g.InstanceGroupName, i): out[node_name(g.InstanceGroupName, i)]
             for g, i, gpus, _ in todo

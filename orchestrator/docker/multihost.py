@@ -144,8 +144,8 @@ class MultiHostProvider:
 
     def _mark_down(self, host: str, why: str) -> None:
         with self._lock:
-            if host not in self._down:
-                log.warning("host %s does not answer: %s", host, why)
+            if host not in self._down:  # said by unreachable(), hp hosts list and node messages
+                log.info("host %s does not answer: %s", host, why)
             self._down[host] = (self.clock(), why)
 
     def _is_down(self, host: str) -> bool:
@@ -566,7 +566,7 @@ class MultiHostProvider:
                         q.put(b)
                 if sent >= next_report:
                     next_report += PROGRESS_EVERY
-                    progress(f"images: {sent / 1e6:.0f} MB streamed to {', '.join(hosts)}")
+                    progress(f"{sent / 1e6:.0f} MB streamed to {', '.join(hosts)}")
         finally:
             for q in queues.values():
                 q.put(None)
@@ -574,7 +574,7 @@ class MultiHostProvider:
                 t.join()
         if errors:
             raise next(iter(errors.values()))
-        progress(f"images: {sent / 1e6:.0f} MB streamed to {', '.join(hosts)} in {time.monotonic() - t0:.1f} s")
+        progress(f"{sent / 1e6:.0f} MB streamed to {', '.join(hosts)} in {time.monotonic() - t0:.1f} s")
         return sent
 
 

@@ -237,6 +237,8 @@ class Engine:
         everyone = list(runs) + [p for p in peers if p.node not in {r.node for r in runs}]
         cars: dict[str, sidecar.Sidecar] = {}
         try:
+            # registered hosts: the check image goes to every host at once (one stream, fanned out)
+            self.c.p.prepare_images([self.image], lambda s: log.info("%s: %s", self.rid, s))
             started = parallel(lambda x: sidecar.start(self.c, cont[x.node], self.image, self.rid), everyone)
             for x, sc in zip(everyone, started, strict=True):
                 cars[x.node] = sc

@@ -49,6 +49,7 @@ POLL_S = 1.0
 LOST_AFTER_S = float(os.environ.get("HP_HOST_LOST_AFTER", "3"))
 SWARM_EVERY_S = 5.0
 SWEEP_EVERY_S = 5.0
+FRESH_S = 20.0  # a host that came back is swept every poll this long
 REPLACE_WAIT_S = 60.0
 HANDS_OFF = ("Creating", "Deleting", "RollingBack", "Failed")
 CONTROLLER_LOST = "the controller's host"
@@ -76,6 +77,7 @@ class HostWatch:
         self._swarm_down: dict[str, str] = {}
         self._threads: list[threading.Thread] = []
         self._first = True
+        self._fresh: dict[str, float] = {}  # host back -> until when it is swept every poll
 
     # -- loop -------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
@@ -112,7 +114,10 @@ class HostWatch:
                 self.down_since.pop(h, None)
                 if h in self.acted:
                     self.acted.discard(h)
+                    self._fresh[h] = now + FRESH_S
                     self.host_back(h)
+                elif self._fresh.get(h, 0) > now:  # a returning engine may list its containers late
+                    self.sweep(h, returned=True)
         if self._first or now - self._last_sweep >= SWEEP_EVERY_S:
             self._first = False
             self._last_sweep = now
@@ -226,8 +231,8 @@ class HostWatch:
         latest = store.latest_phases(self.name)
         removed = []
         for x in containers:
-            if x.role in ("check", "nettest") and returned:
-                p.remove_container(x.id)
+            if x.role in ("check", "nettest") and returned and not x.running:
+                p.remove_container(x.id)  # killed with the host: its request is over
                 continue
             if not x.is_node or not x.node:
                 continue

@@ -1,0 +1,264 @@
+"""Docker "hosts" for hp's multi-host tests and bench: Docker-in-Docker containers, each
+running its own dockerd, on one bridge network of the machine's engine (docker-py only).
+
+No --privileged (refused in some sandboxes): every capability but SYS_RESOURCE, seccomp
+and AppArmor unconfined, no masked or read-only /proc and /sys paths (what the CLI's
+`--security-opt systempaths=unconfined` means), /sys/fs/cgroup bind-mounted read-write,
+/dev/fuse (node containers inside mount /home with a FUSE client), and a volume at
+/var/lib/docker. Each host's API socket is bind-mounted to the machine
+(`unix://<sock root>/<name>/docker.sock`), and each has a fixed address on the hosts'
+network (its swarm address).
+
+    hs = Harness(prefix="mh2-").start(3)   # [Host(name, url, ip), ...]
+    hs.kill("mh2-host3"); hs.restart("mh2-host3"); hs.stop_all()
+
+Names: every container, volume, network and image it makes starts with `prefix`
+(HP_DIND_PREFIX, default "hpdind-"), and carries the label io.hp.dind-harness.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+LABEL = "io.hp.dind-harness"
+HERE = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str
+    url: str  # unix:///.../docker.sock
+    ip: str  # on the hosts' network: its swarm address
+
+
+class Unsupported(Exception):
+    """This machine's engine cannot run Docker-in-Docker hosts (the reason says why)."""
+
+
+class Harness:
+    def __init__(
+        self,
+        prefix: str | None = None,
+        subnet: str | None = None,
+        sock_root: str | None = None,
+        base: str | None = None,
+    ):
+        self.prefix = prefix or os.environ.get("HP_DIND_PREFIX", "hpdind-")
+        self.subnet = subnet or os.environ.get("HP_DIND_SUBNET", "100.100.213.0/24")
+        self.sock_root = Path(sock_root or os.environ.get("HP_DIND_SOCK_ROOT", "/tmp"))
+        self.base = base
+        self.network = f"{self.prefix}hosts"
+        self.image = f"{self.prefix}dind:trixie"
+        self._client: Any = None
+
+    # -- the machine's engine ------------------------------------------------------------
+    @property
+    def docker(self) -> Any:
+        if self._client is None:
+            import docker
+
+            self._client = docker.from_env(timeout=300)
+        return self._client
+
+    def host_name(self, i: int) -> str:
+        return f"{self.prefix}host{i}"
+
+    def host_ip(self, i: int) -> str:
+        return self.subnet.split("/")[0].rsplit(".", 1)[0] + f".{10 + i}"
+
+    def url(self, name: str) -> str:
+        return f"unix://{self.sock_root / name}/docker.sock"
+
+    def unsupported(self) -> str | None:
+        """Why this machine cannot run the hosts (None: it can, as far as can be told before trying)."""
+        try:
+            self.docker.ping()
+        except Exception as e:  # noqa: BLE001 - any failure means: no engine to run hosts on
+            return f"no Docker engine answers ({type(e).__name__})"
+        if not Path("/sys/fs/cgroup").is_dir():
+            return "no /sys/fs/cgroup to give the hosts"
+        if not Path("/dev/fuse").exists():
+            return "no /dev/fuse: nodes on hosts mount /home with a FUSE client"
+        info = self.docker.info()
+        if "rootless" in " ".join(info.get("SecurityOptions") or []):
+            return "a rootless engine cannot run Docker-in-Docker hosts"
+        return None
+
+    def build_image(self, log: Any = print) -> str:
+        from docker.errors import ImageNotFound
+
+        try:
+            self.docker.images.get(self.image)
+            return self.image
+        except ImageNotFound:
+            pass
+        base = self.base or next(
+            (r for r in ("debian:trixie-slim", "hp-base:trixie") if self._has(r)), "debian:trixie-slim"
+        )
+        t0 = time.monotonic()
+        self.docker.images.build(
+            path=str(HERE / "image"),
+            tag=self.image,
+            buildargs={"BASE": base},
+            rm=True,
+            forcerm=True,
+            labels={LABEL: "1"},
+        )
+        log(f"built {self.image} in {time.monotonic() - t0:.1f} s")
+        return self.image
+
+    def _has(self, ref: str) -> bool:
+        from docker.errors import ImageNotFound
+
+        try:
+            self.docker.images.get(ref)
+            return True
+        except ImageNotFound:
+            return False
+
+    def ensure_network(self) -> None:
+        import docker
+
+        if self.docker.networks.list(names=[self.network]):
+            return
+        ipam = docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=self.subnet)])
+        self.docker.networks.create(self.network, driver="bridge", ipam=ipam, labels={LABEL: "1"}, check_duplicate=True)
+
+    # -- hosts ------------------------------------------------------------------------------
+    def wait_engine(self, name: str, timeout: float = 90.0) -> float:
+        """Seconds until the host's engine answers (TimeoutError with its log otherwise)."""
+        import docker
+
+        t0 = time.monotonic()
+        c = docker.APIClient(base_url=self.url(name), timeout=2, version="1.41")
+        try:
+            while True:
+                try:
+                    if c.ping():
+                        return time.monotonic() - t0
+                except Exception:  # noqa: BLE001 - not up yet
+                    pass
+                if time.monotonic() - t0 > timeout:
+                    logs = self.docker.containers.get(name).logs(tail=20).decode(errors="replace")
+                    raise TimeoutError(f"{name}: dockerd did not answer in {timeout:g} s; last log:\n{logs}")
+                time.sleep(0.1)
+        finally:
+            c.close()
+
+    def _start_one(self, i: int) -> Host:
+        d = self.docker
+        name = self.host_name(i)
+        sd = self.sock_root / name
+        sd.mkdir(parents=True, exist_ok=True)
+        (sd / "docker.sock").unlink(missing_ok=True)
+        vol = f"{name}-docker"
+        d.api.create_volume(vol, labels={LABEL: "1"})
+        hc = d.api.create_host_config(
+            binds={
+                "/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "rw"},
+                vol: {"bind": "/var/lib/docker", "mode": "rw"},
+                str(sd): {"bind": "/hp", "mode": "rw"},
+            },
+            tmpfs={"/run": "rw,exec"},
+            network_mode=self.network,
+            cap_add=["ALL"],
+            cap_drop=["SYS_RESOURCE"],
+            security_opt=["seccomp=unconfined", "apparmor=unconfined"],
+            devices=["/dev/fuse:/dev/fuse:rwm"],
+            init=True,
+        )
+        hc["MaskedPaths"], hc["ReadonlyPaths"] = [], []  # the CLI's systempaths=unconfined
+        net = d.api.create_networking_config(
+            {self.network: d.api.create_endpoint_config(ipv4_address=self.host_ip(i), aliases=[name])}
+        )
+        cid = d.api.create_container(
+            self.image, name=name, hostname=name, labels={LABEL: "1"}, host_config=hc, networking_config=net
+        )["Id"]
+        d.api.start(cid)
+        self.wait_engine(name)
+        return Host(name, self.url(name), self.host_ip(i))
+
+    def start(self, n: int, first: int = 1) -> list[Host]:
+        """Start hosts first..first+n-1 in parallel; Unsupported when this engine cannot."""
+        if why := self.unsupported():
+            raise Unsupported(why)
+        self.build_image()
+        self.ensure_network()
+        try:
+            with ThreadPoolExecutor(max_workers=n) as ex:
+                return list(ex.map(self._start_one, range(first, first + n)))
+        except TimeoutError as e:
+            self.stop_all()
+            raise Unsupported(f"a Docker-in-Docker host did not start: {e}") from None
+
+    def kill(self, name: str) -> None:
+        """`docker kill` of the host: its dockerd and every container in it die at once."""
+        self.docker.api.kill(name)
+
+    def restart(self, name: str, timeout: float = 90.0) -> float:
+        """Start a killed host again; seconds until its engine answers."""
+        (self.sock_root / name / "docker.sock").unlink(missing_ok=True)
+        t0 = time.monotonic()
+        c = self.docker.containers.get(name)
+        if c.status == "running":
+            c.restart(timeout=5)
+        else:
+            c.start()
+        self.wait_engine(name, timeout)
+        return time.monotonic() - t0
+
+    def exec(self, name: str, cmd: list[str]) -> tuple[int, str]:
+        """Run a command in the host container itself (its network namespace: iptables)."""
+        r = self.docker.containers.get(name).exec_run(cmd)
+        return r.exit_code, r.output.decode(errors="replace")
+
+    def cut_overlay(self, name: str, cut: bool = True) -> None:
+        """Drop (or restore) the host's overlay data traffic (VXLAN, UDP 4789) both ways;
+        the swarm's control traffic (TCP 2377, 7946) still passes."""
+        op = "-I" if cut else "-D"
+        for chain, port in (("INPUT", "--dport"), ("OUTPUT", "--dport")):
+            code, out = self.exec(name, ["iptables", op, chain, "-p", "udp", port, "4789", "-j", "DROP"])
+            if code != 0 and cut:
+                raise RuntimeError(f"iptables on {name}: {out}")
+
+    def client(self, name: str) -> Any:
+        import docker
+
+        return docker.DockerClient(base_url=self.url(name), timeout=60)
+
+    def running(self) -> list[str]:
+        return sorted(c.name for c in self.docker.containers.list(all=True, filters={"label": LABEL}))
+
+    def stop_all(self, image: bool = False) -> None:
+        """Remove every host of this prefix, its volume and socket folder, the network
+        (and with `image`, the host image)."""
+        from docker.errors import APIError, ImageNotFound, NotFound
+
+        d = self.docker
+        cs = [c for c in d.containers.list(all=True, filters={"label": LABEL}) if c.name.startswith(self.prefix)]
+        with ThreadPoolExecutor(max_workers=max(1, len(cs))) as ex:
+            list(ex.map(lambda c: c.remove(force=True, v=True), cs))
+        for c in cs:
+            shutil.rmtree(self.sock_root / c.name, ignore_errors=True)
+        for v in d.volumes.list(filters={"label": LABEL}):
+            if v.name.startswith(self.prefix):
+                try:
+                    v.remove(force=True)
+                except (APIError, NotFound):
+                    pass
+        for nw in d.networks.list(names=[self.network]):
+            try:
+                nw.remove()
+            except (APIError, NotFound):
+                pass
+        if image:
+            try:
+                d.images.remove(self.image, force=True)
+            except (ImageNotFound, APIError):
+                pass
