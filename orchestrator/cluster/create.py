@@ -14,7 +14,9 @@ controller's host right after the controller.
 
 from __future__ import annotations
 
+import logging
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -28,6 +30,8 @@ from .context import Cluster, Env, parallel
 from .delete import remove_resources
 from .launcher import Launcher
 from .multihost import ensure_fileserver, prove_traffic
+
+log = logging.getLogger("hp")
 
 
 class Progress(Protocol):
@@ -146,7 +150,9 @@ def create(env: Env, spec: ClusterSpec, opts: CreateOptions, progress: Progress 
     images = env.images.build(image_defs(spec, env.catalogue, env.multihost), log=lambda s: progress.stage("images", s))
     if env.multihost:
         progress.stage("images", "on every host")
-        env.provider.prepare_images(sorted(set(images.values())), lambda s: progress.stage("images", s))
+        # with the base image's tag (its layers travel anyway): GPU discovery probes in it
+        refs = sorted(set(images.values()) | {env.images.base(make=False)[0]})
+        env.provider.prepare_images(refs, lambda s: progress.stage("images", s))
     if not env.store.add_cluster(name, spec.model_dump(exclude_none=True), "Creating"):
         raise BadInput(f"a cluster named {name!r} already exists", "name in use")
     cluster = Cluster(env, name, spec)
@@ -202,10 +208,7 @@ def _create(cluster: Cluster, images: dict[str, str], opts: CreateOptions, progr
 
     progress.stage("controller", cluster.controller_host)
     conf = render(spec, env.catalogue).encode()
-    ctl_res = _start_controller(cluster, launcher, conf)
-    if cluster.multihost:
-        progress.stage("controller", "/home file server on the controller's host")
-        ensure_fileserver(cluster, images["fileserver"])
+    ctl_res = _start_controller(cluster, launcher, conf, images.get("fileserver"))
 
     # While slurmctld boots, create every other node's container.
     wanted = [(g, i) for g in spec.InstanceGroups if g.node_type != "Controller" for i in range(1, g.InstanceCount + 1)]
@@ -213,10 +216,15 @@ def _create(cluster: Cluster, images: dict[str, str], opts: CreateOptions, progr
     for n in groups:
         env.store.set_phase(name, n, Phase.QUEUED, "waiting for capacity")
     created = launcher.create_many(wanted)
+    # registered hosts: nodes start at once (their entry mounts /home and waits for
+    # slurmctld), so that their overlay attachment overlaps the controller's boot
+    early = _start_early(launcher, created) if cluster.multihost else None
     try:
         wait_controller(cluster, ctl_res, min(deadline, time.monotonic() + 60))
     except LaunchError as e:
         if not (spec.continuous and e.retryable):
+            if early is not None:
+                early.result()
             raise OperationFailed(f"controller {cluster.controller_host}: {e}") from None
         ctl_res = _retry_controller(cluster, launcher, conf, deadline, e)
     env.store.set_phase(name, cluster.controller_host, Phase.RUNNING)
@@ -231,8 +239,12 @@ def _create(cluster: Cluster, images: dict[str, str], opts: CreateOptions, progr
 
     progress.stage("nodes", "starting login and compute nodes")
     outcome = LaunchOutcome()
-    ids = [(n, r) for n, r in created.items() if isinstance(r, str)]
-    for (n, cid), err in zip(ids, parallel(lambda t: launcher.start(t[1]), ids), strict=True):
+    started_early = early.result() if early is not None else {}
+    ids = [(n, r) for n, r in created.items() if isinstance(r, str) and n not in started_early]
+    results = dict(zip([n for n, _ in ids], parallel(lambda t: launcher.start(t[1]), ids), strict=True))
+    results.update(started_early)
+    for n, cid in ((n, r) for n, r in created.items() if isinstance(r, str)):
+        err = results[n]
         if err:
             outcome.failed[n] = err
         else:
@@ -275,12 +287,27 @@ def _create(cluster: Cluster, images: dict[str, str], opts: CreateOptions, progr
     _in_service(cluster)
 
 
+def _start_early(launcher: Launcher, created: dict[str, str | LaunchError]) -> Future[dict[str, LaunchError | None]]:
+    """Start the created non-GPU nodes on a thread (GPU nodes wait for gres.conf, which
+    needs slurmctld); node -> the LaunchError that stopped it, or None."""
+    todo = [(n, r) for n, r in created.items() if isinstance(r, str) and r not in launcher.gpu_cids]
+
+    def run() -> dict[str, LaunchError | None]:
+        return dict(zip([n for n, _ in todo], parallel(lambda t: launcher.start(t[1]), todo), strict=True))
+
+    ex = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hp-early-start")
+    try:
+        return ex.submit(run)
+    finally:
+        ex.shutdown(wait=False)
+
+
 def _in_service(cluster: Cluster) -> None:
     cluster.store.set_status(cluster.name, "InService")
     cluster.store.event(cluster.name, "Cluster", "Info", f"Cluster {cluster.name} is InService")
 
 
-def _start_controller(cluster: Cluster, launcher: Launcher, conf: bytes) -> str:
+def _start_controller(cluster: Cluster, launcher: Launcher, conf: bytes, fileserver: str | None = None) -> str:
     host = cluster.controller_host
     cluster.store.set_phase(cluster.name, host, Phase.QUEUED, "waiting for capacity")
     res = launcher.create_many([(cluster.spec.controller, 1)], files={"slurm.conf": (conf, 0o644, 0)})
@@ -288,7 +315,15 @@ def _start_controller(cluster: Cluster, launcher: Launcher, conf: bytes) -> str:
     if isinstance(cid, LaunchError):
         # no capacity for the controller's type, or its image is missing: fatal, whatever the mode
         raise OperationFailed(f"controller {host} could not be launched: {cid}")
-    if err := launcher.start(cid):
+    fs = None
+    if fileserver is not None:  # registered hosts: /home's server on the controller's host, meanwhile
+        ex = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hp-fileserver")
+        fs = ex.submit(ensure_fileserver, cluster, fileserver)
+        ex.shutdown(wait=False)
+    err = launcher.start(cid)
+    if fs is not None:
+        fs.result()
+    if err:
         raise OperationFailed(f"controller {host} could not be started: {err}")
     cluster.store.set_phase(cluster.name, host, Phase.LAUNCHING, "container started")
     return cid
@@ -379,9 +414,12 @@ def wait_nodes(
     while True:
         # a node of a group with on-start checks registers drained: it is up, and is
         # checked by the agent before it takes jobs
-        idle = {
-            n.name for n in cluster.slurm.nodes() if n.usable or (n.awaiting_onstart and not n.not_responding)
-        } & want
+        try:
+            snodes = cluster.slurm.nodes()
+        except OperationFailed as e:  # one answer lost (a busy host): the next poll asks again
+            log.info("waiting for nodes: %s", e)
+            snodes = []
+        idle = {n.name for n in snodes if n.usable or (n.awaiting_onstart and not n.not_responding)} & want
         counts = {g: (sum(1 for n in idle if group_of[n] == g), t, 0) for g, t in target.items()}
         progress.groups(counts)
         pending = want - idle - set(failed)

@@ -58,6 +58,11 @@ class Launcher:
         self._gpu_cids: set[str] = set()  # created GPU nodes: started only once gres.conf is in force
 
     @property
+    def gpu_cids(self) -> set[str]:
+        """GPU nodes created by this launcher (started only once gres.conf is in force)."""
+        return set(self._gpu_cids)
+
+    @property
     def gres_pending(self) -> bool:
         """gres.conf was written and slurmctld not reconfigured since (kept in the store:
         an agent that restarts in between still reconfigures before a GPU node starts)."""

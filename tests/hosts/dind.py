@@ -158,6 +158,7 @@ class Harness:
         sd.mkdir(parents=True, exist_ok=True)
         (sd / "docker.sock").unlink(missing_ok=True)
         vol = f"{name}-docker"
+        self._remove_volume(vol)  # a fresh host: no engine state (a swarm) from an earlier run
         d.api.create_volume(vol, labels={LABEL: "1"})
         hc = d.api.create_host_config(
             binds={
@@ -227,6 +228,22 @@ class Harness:
             if code != 0 and cut:
                 raise RuntimeError(f"iptables on {name}: {out}")
 
+    def _remove_volume(self, name: str, timeout: float = 30.0) -> None:
+        """Remove a volume, waiting while the container that used it is still going."""
+        from docker.errors import APIError, NotFound
+
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.docker.api.remove_volume(name, force=True)
+                return
+            except NotFound:
+                return
+            except APIError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
     def client(self, name: str) -> Any:
         import docker
 
@@ -248,10 +265,7 @@ class Harness:
             shutil.rmtree(self.sock_root / c.name, ignore_errors=True)
         for v in d.volumes.list(filters={"label": LABEL}):
             if v.name.startswith(self.prefix):
-                try:
-                    v.remove(force=True)
-                except (APIError, NotFound):
-                    pass
+                self._remove_volume(v.name)
         for nw in d.networks.list(names=[self.network]):
             try:
                 nw.remove()
