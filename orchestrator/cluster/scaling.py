@@ -46,12 +46,20 @@ def bound_problems(c: Cluster, group: str, new_count: int) -> list[str]:
                 f"set MaxNodeCount in the spec, at most {SLURM_MAX_NODES}, to make room)"
             )
     itype = c.env.catalogue[g.InstanceType]
-    ceiling, why = capacity.ceiling(itype, capacity.host_pool(c.p, c.store))
+    pools = capacity.pools(c.p, c.store)[0]
+    if list(pools) == [""]:
+        ceiling, why = capacity.ceiling(itype, pools[""])
+    else:  # a node fits on one host: the bound is the sum of each host's
+        from .placement import hosts_of
+
+        bounds = {h: capacity.ceiling(itype, pools[h]) for h in hosts_of(g, list(pools)) if h in pools}
+        ceiling = sum(b[0] for b in bounds.values())
+        why = ", ".join(f"{h}: {b[0]} ({b[1]})" for h, b in bounds.items()) or "no host available"
     same_type = sum(x.InstanceCount for x in spec.InstanceGroups if x.InstanceType == g.InstanceType and x is not g)
     if same_type + new_count > ceiling:
         problems.append(
             f"InsufficientCapacity: {same_type + new_count} node(s) of {itype.name} in this cluster would be more "
-            f"than the host can ever "
+            f"than the {'host' if list(pools) == [''] else 'hosts'} can ever "
             f"run: {ceiling} ({why})"
         )
     return problems

@@ -71,14 +71,14 @@ def node_wiring(cluster: Cluster, node: Container) -> GpuWiring | None:
     them; None for HP_GPUS stand-ins. GpuWiringError when they cannot be."""
     if not node.gpus:
         raise GpuWiringError(f"{node.node} has no GPUs (no io.hp.gpus label)")
-    return cluster.env.gpus().wiring(node.gpus)
+    return cluster.env.gpus(host=node.host).wiring(node.gpus)  # its own host's GPUs
 
 
 def node_model(cluster: Cluster, node: Container) -> str | None:
     model = node.labels.get(L_GPU_MODEL)
     if model:
         return model
-    models = cluster.env.gpus().model_of()
+    models = cluster.env.gpus(host=node.host).model_of()
     return models.get(node.gpus[0]) if node.gpus else None
 
 

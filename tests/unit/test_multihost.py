@@ -564,3 +564,31 @@ def test_removing_a_host_is_refused_while_a_controller_or_nodes_live_there(fleet
     assert "3" not in SwarmEngine.swarm["nodes"]
     moved = doc["Moved"][0].split("/")[1]
     assert store.node_hosts("lab")[moved] in ("h1", "h2")
+
+
+def test_overlay_mtu_and_hosts_registered(tmp_path, monkeypatch):
+    from orchestrator.hosts import registry
+    from orchestrator.state.store import HostRow, Store
+
+    rows = [HostRow("a", "unix:///a", {"mtu": 1400}, 1, 0.0), HostRow("b", "unix:///b", {}, 2, 0.0)]
+    monkeypatch.delenv("HP_OVERLAY_MTU", raising=False)
+    assert registry.overlay_mtu(rows) == 1350  # VXLAN's 50 bytes below the smallest NIC
+    assert registry.overlay_mtu(rows[1:]) is None
+    monkeypatch.setenv("HP_OVERLAY_MTU", "1300")
+    assert registry.overlay_mtu(rows) == 1300
+    assert [registry.managers_wanted(n) for n in range(1, 6)] == [1, 1, 3, 3, 3]
+    assert not registry.hosts_registered(tmp_path / "none")  # reads, makes nothing
+    assert not (tmp_path / "none").exists()
+    st = Store(tmp_path / "h")
+    assert not registry.hosts_registered(tmp_path / "h")
+    st.add_host("a", "unix:///a", {})
+    assert registry.hosts_registered(tmp_path / "h")
+
+
+def test_scaling_bound_is_the_sum_over_hosts(tmp_path):
+    from orchestrator.cluster.scaling import scale
+
+    w = multi_world(tmp_path, cpus=1)  # cpu.large: 4 per host
+    make(w, groups=[("cpu", "cpu.large", 3)])
+    with pytest.raises(BadInput, match=r"more than the hosts can ever run: 12 \(h1: 4"):
+        scale(w.env, "lab", "cpu", 13)
