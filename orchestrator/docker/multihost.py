@@ -307,7 +307,9 @@ class MultiHostProvider:
         if not found:
             if h is not None:  # on a host that does not answer
                 raise HostUnavailable(h, self.unreachable().get(h, "unreachable"))
-            raise ObjectMissing(f"no such container {ref} on any reachable host")
+            down = self.unreachable()
+            away = f" ({', '.join(sorted(down))} {'does' if len(down) == 1 else 'do'} not answer)" if down else ""
+            raise ObjectMissing(f"no such container {ref} on any reachable host{away}")
         _, _, host, cid = min(found)
         self._remember(host, ref, cid)
         return host

@@ -78,6 +78,7 @@ class HostWatch:
         self._threads: list[threading.Thread] = []
         self._first = True
         self._fresh: dict[str, float] = {}  # host back -> until when it is swept every poll
+        self._swarm_reader: threading.Thread | None = None
 
     # -- loop -------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
@@ -99,9 +100,12 @@ class HostWatch:
         now = self.clock()
         mp: Any = self.env.provider
         down = dict(mp.check()) if hasattr(mp, "check") else dict(mp.unreachable(refresh=True))
-        if now - self._last_swarm >= SWARM_EVERY_S:
+        if now - self._last_swarm >= SWARM_EVERY_S and not (self._swarm_reader and self._swarm_reader.is_alive()):
+            # on a thread: while the swarm elects a new leader (its leader's host was lost)
+            # a manager's answer waits seconds, and the pings must go on meanwhile
             self._last_swarm = now
-            self._swarm_down = self._swarm_states()
+            self._swarm_reader = threading.Thread(target=self._read_swarm, daemon=True, name="hp-swarm-states")
+            self._swarm_reader.start()
         for h, why in self._swarm_down.items():
             down.setdefault(h, why)
         for h in self.env.provider.engines():
@@ -125,6 +129,9 @@ class HostWatch:
                 if h not in down:
                     self.sweep(h, returned=False)
         self._controller_status(down)
+
+    def _read_swarm(self) -> None:
+        self._swarm_down = self._swarm_states()
 
     def _swarm_states(self) -> dict[str, str]:
         """Hosts whose swarm node a manager sees Down (their engine may still answer):
@@ -212,8 +219,13 @@ class HostWatch:
     # -- a host comes back ----------------------------------------------------------------
     def host_back(self, host: str) -> None:
         log.info("host %s answers again", host)
-        self.env.store.event(self.name, "Cluster", "Info", f"Cluster {self.name}: host {host} answers again")
+        store = self.env.store
+        store.event(self.name, "Cluster", "Info", f"Cluster {self.name}: host {host} answers again")
         self.sweep(host, returned=True)
+        mark = f"its host {host} does not answer"
+        for n, (phase, msg, _) in store.latest_phases(self.name).items():
+            if phase == Phase.RUNNING.value and msg.startswith(mark):
+                store.set_phase(self.name, n, Phase.RUNNING, f"back with its host {host}")
 
     def sweep(self, host: str, returned: bool) -> list[str]:
         """Remove stale copies of nodes placed elsewhere on `host` (and, once it came
