@@ -27,7 +27,7 @@ from pathlib import Path
 from common import ROOT, bench_env, floor, hp, write_json
 
 from orchestrator.docker.engine import DockerEngine as DockerProvider  # noqa: E402
-from orchestrator.docker.images import MIRROR, NODE_IMAGES  # noqa: E402
+from orchestrator.docker.images import DATA, NODE_IMAGES, mirror  # noqa: E402
 
 JOB = "#!/bin/bash\nsrun hostname | sort\n"
 ITYPE = "cpu.small"
@@ -84,7 +84,7 @@ def cold(n: int) -> dict[str, float]:
             timed(
                 "debootstrap",
                 lambda: subprocess.run(
-                    ["debootstrap", "--variant=minbase", "trixie", str(rootfs), MIRROR], check=True, capture_output=True
+                    ["debootstrap", "--variant=minbase", "trixie", str(rootfs), mirror()], check=True, capture_output=True
                 ),
                 times,
             )
@@ -102,7 +102,7 @@ def cold(n: int) -> dict[str, float]:
         def build() -> None:
             for d in NODE_IMAGES:  # --no-cache for the first; the others share its stages, as in hp's build
                 for chunk in p.api.build(
-                    path=str(ROOT / d.context),
+                    path=str(DATA / "images" / d.context),
                     tag=refs[d.name],
                     target=d.target,
                     buildargs={"BASE": base},
