@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, bench_env, floor, hp, write_json
+from common import bench_env, floor, hp, write_json
 
 from orchestrator.docker.engine import DockerEngine as DockerProvider  # noqa: E402
 from orchestrator.docker.images import DATA, NODE_IMAGES, mirror  # noqa: E402
