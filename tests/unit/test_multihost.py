@@ -514,6 +514,13 @@ def test_hosts_form_a_swarm_with_an_odd_number_of_managers(fleet):
     assert roles == {"1": "manager", "2": "manager", "3": "manager"}
     assert [r.name for r in store.hosts()] == ["h1", "h2", "h3"] and store.hosts()[1].opt("cpus") == 8
     doc = registry.listing(store)
+    import json
+    from pathlib import Path
+
+    import jsonschema
+
+    schema = json.loads((Path(__file__).resolve().parents[2] / "schemas" / "hosts-list.schema.json").read_text())
+    jsonschema.validate(json.loads(json.dumps(doc)), schema)  # what hp hosts list --json prints
     assert [h["SwarmRole"] for h in doc["Hosts"]] == ["manager"] * 3 and all(h["Reachable"] for h in doc["Hosts"])
     assert doc["Hosts"][1]["Cpus"] == 8  # the override
     p = registry.provider_for(store)
