@@ -84,7 +84,9 @@ def cold(n: int) -> dict[str, float]:
             timed(
                 "debootstrap",
                 lambda: subprocess.run(
-                    ["debootstrap", "--variant=minbase", "trixie", str(rootfs), mirror()], check=True, capture_output=True
+                    ["debootstrap", "--variant=minbase", "trixie", str(rootfs), mirror()],
+                    check=True,
+                    capture_output=True,
                 ),
                 times,
             )
