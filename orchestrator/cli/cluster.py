@@ -79,8 +79,9 @@ def dry_run_check(e: Any, spec: Any, catalogue: dict) -> None:
     from ..errors import EngineUnavailable
     from ..hosts.registry import hosts_registered
 
-    if e is None and (hosts_registered() or any(catalogue[g.InstanceType].gpus for g in spec.InstanceGroups)):
-        e = env()  # hosts' capacity, or GPU types: the host's GPUs are discovered (and cached in the store)
+    gpu = any(catalogue[g.InstanceType].gpus for g in spec.InstanceGroups)
+    if e is None and hosts_registered():
+        e = env()  # the registered hosts' capacity
     if e is not None and e.multihost:
         try:
             problems = placement_problems(e, spec) or capacity_problems(e, spec, None, catalogue)
@@ -91,8 +92,8 @@ def dry_run_check(e: Any, spec: Any, catalogue: dict) -> None:
             raise BadInput(problems, "cannot create")
         return
     provider = e.provider if e is not None else DockerEngine()
-    try:
-        pool = capacity.host_pool(provider, e.store if e is not None else None)
+    try:  # GPU types: the host's GPUs discovered (uncached without a store: a dry run writes no state)
+        pool = capacity.host_pool(provider, e.store if e is not None else None, gpus_too=gpu)
     except EngineUnavailable:
         Out().info("note: no Docker engine answers: the host's capacity was not checked")
         return

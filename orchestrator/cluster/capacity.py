@@ -76,11 +76,12 @@ class Usage:
 DEFAULT_CPU_OVERCOMMIT = 4.0
 
 
-def host_pool(provider: Provider, store: Store | None) -> Pool:
-    """The host's pool; without a store (a dry run of CPU types) its GPUs are not looked at."""
+def host_pool(provider: Provider, store: Store | None, gpus_too: bool = True) -> Pool:
+    """The host's pool. Without a store (a dry run, which writes no state) GPUs are
+    discovered uncached, and only with `gpus_too`."""
     info = provider.info()
     factor = float(os.environ.get("HP_CPU_OVERCOMMIT", DEFAULT_CPU_OVERCOMMIT))
-    if store is None:
+    if store is None and not gpus_too:
         return Pool(cpus=float(info.cpus) * factor, memory_mib=info.memory_mib, gpus=[], gpu_models={}, gpu_note="")
     from ..gpu.host import discover
 
@@ -89,7 +90,7 @@ def host_pool(provider: Provider, store: Store | None) -> Pool:
         gpus, models, note = g.ids, g.model_of(), g.why or g.summary()
     except TRANSIENT as e:  # no cached result and the engine failed: no GPU for now
         gpus, models, note = [], {}, f"GPU discovery failed: {str(e)[:200]}"
-    bad = [x for x in gpus if x in quarantined(store)]
+    bad = [x for x in gpus if store is not None and x in quarantined(store)]
     if bad:
         gpus = [x for x in gpus if x not in bad]
         note += f"; {len(bad)} GPU(s) quarantined after a replace-class finding ('hp capacity show')"

@@ -466,12 +466,20 @@ def ttl(env: Mapping[str, str] | None = None) -> float:
 
 
 def discover(
-    provider: Provider, store: Store, *, refresh: bool = False, env: Mapping[str, str] | None = None
+    provider: Provider, store: Store | None, *, refresh: bool = False, env: Mapping[str, str] | None = None
 ) -> HostGpuInfo:
     """The engine's GPUs: HP_GPUS when set, else the cached discovery when younger
     than the TTL, else a new one (cached). An engine failure during a refresh returns
-    the last cached result when there is one (else it propagates)."""
+    the last cached result when there is one (else it propagates). Without a store (a
+    dry run, which writes no state) nothing is cached."""
     env = os.environ if env is None else env
+    if store is None:
+        info = provider.info()
+        return (
+            from_env(env[ENV_GPUS], info.name, info.cpus, info.memory_mib)
+            if ENV_GPUS in env
+            else run_discovery(provider, env)
+        )
     try:
         info = provider.info()
     except TRANSIENT:  # no engine now: the last result of any engine, if there is one
