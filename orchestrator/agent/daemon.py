@@ -32,7 +32,7 @@ from typing import Any
 from ..cluster.context import Cluster, Env
 from ..cluster.launcher import Launcher
 from ..errors import TRANSIENT, EngineError, EngineUnavailable, bug_signature, guarded, report_bug
-from ..naming import group_prefix
+from ..naming import SERVICE_HOSTS, group_prefix
 from ..slurm.model import SlurmNode
 from ..spec.model import InstanceGroup
 from ..state.phases import Phase
@@ -53,6 +53,7 @@ class Agent:
         self.wake = threading.Condition(threading.RLock())  # re-entrant: kicked from signal handlers
         self._woken = False
         self._bugs: dict[str, str] = {}  # group -> signature of the bug that stopped it (until the spec changes)
+        self._services: Any = None  # services/watch.ServiceWatch, once started
 
     def kick(self) -> None:
         with self.wake:
@@ -72,6 +73,8 @@ class Agent:
                 for ev in self.env.provider.events(self.name):
                     if ev.action in ("die", "start", "destroy", "oom", "create"):
                         self.kick()
+                    if ev.role in SERVICE_HOSTS and ev.action in ("die", "destroy", "pause") and self._services:
+                        self._services.kick()  # a cluster service stopped: the watch brings it back
                     if self.stop.is_set():
                         return
             except (EngineError, EngineUnavailable) as e:  # engine restarted: reconnect
@@ -85,6 +88,16 @@ class Agent:
         guarded(
             self.env.store, self.name, "the recovery watcher", log, RecoveryWatcher(self.env, self.name).run, self.stop
         )
+
+    def _cluster_services(self) -> None:
+        """Accounting and REST (services/): the watch that keeps them up, and the
+        loopback endpoints (metrics, the REST front)."""
+        from ..services.endpoints import Endpoints
+        from ..services.watch import ServiceWatch
+
+        guarded(self.env.store, self.name, "the metrics and REST endpoints", log, Endpoints(self.env, self.name).start)
+        self._services = ServiceWatch(self.env, self.name)
+        guarded(self.env.store, self.name, "the services watch", log, self._services.run, self.stop)
 
     def _gpu_watch(self) -> None:
         from .gpuwatch import GpuWatch
@@ -116,6 +129,7 @@ class Agent:
         cluster = Cluster(env, self.name)
         threading.Thread(target=self._events, daemon=True, name="events").start()
         threading.Thread(target=self._recovery, daemon=True, name="recovery").start()
+        threading.Thread(target=self._cluster_services, daemon=True, name="services").start()
         from ..cluster.create import has_gpus
 
         if has_gpus(cluster.spec, env.catalogue):  # passive GPU monitoring (agent/gpuwatch.py)
@@ -253,7 +267,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0  # another agent holds this cluster
     pidf.write_text(str(os.getpid()))
     agent = Agent(env, name)
-    signal.signal(signal.SIGTERM, lambda *_: (agent.stop.set(), agent.kick()))
+    signal.signal(
+        signal.SIGTERM, lambda *_: (agent.stop.set(), agent.kick(), agent._services and agent._services.kick())
+    )
     signal.signal(signal.SIGUSR1, lambda *_: agent.kick())
     log.info("agent for cluster %s started (pid %d)", name, os.getpid())
     try:

@@ -27,6 +27,10 @@ def create(
     timeout: float = typer.Option(300, "--timeout", help="Seconds to wait."),
     retain: bool = typer.Option(False, "--retain", help="Keep a failed cluster's containers for debugging."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Validate the spec (and the host's capacity) only."),
+    accounting: Optional[bool] = typer.Option(
+        None, "--accounting/--no-accounting", help="Slurm accounting: slurmdbd and MariaDB (overrides Accounting)."
+    ),
+    rest: Optional[bool] = typer.Option(None, "--rest/--no-rest", help="slurmrestd with JWT (overrides Rest)."),
     json_out: bool = JsonOpt,
 ) -> None:
     """Create a cluster: controller first, then login and compute groups in parallel."""
@@ -45,7 +49,7 @@ def create(
     static = load_catalogue()
     e = None if uses_only(raw, static, gpu_names=True) else env()
     catalogue = static if e is None else e.catalogue
-    spec = with_overrides(raw, catalogue, name=name, mode=mode, problems=problems)
+    spec = with_overrides(raw, catalogue, name=name, mode=mode, problems=problems, accounting=accounting, rest=rest)
     if dry_run:  # what hp would create; no state is made, and no engine is needed
         dry_run_check(e, spec, catalogue)
         out.json(spec.model_dump(exclude_none=True)) if json_out else out.info(

@@ -3,7 +3,9 @@ reported per stage and per group, and one rollback path.
 
 Order: network, volumes and key; the controller (ready when `scontrol ping` answers);
 then login and compute groups in parallel. Their containers are created while the
-controller boots and started the moment it answers.
+controller boots and started the moment it answers. With Accounting, the database starts
+first and boots while the other containers are created; slurmctld starts once slurmdbd
+is ready (services/accounting.py); slurmrestd (Rest) starts with the nodes.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..errors import BadInput, HpError, LaunchError, OperationFailed, WaitTimeout
-from ..naming import container_name, labels, network_name, node_name, shared_volume, state_volume
+from ..naming import container_name, database_volume, labels, network_name, node_name, shared_volume, state_volume
+from ..services.accounting import CreateServices, controller_files, forget_secrets
 from ..slurm.conf import render
 from ..spec.model import ClusterSpec, InstanceGroup
 from ..state.phases import Phase
@@ -77,9 +80,11 @@ def has_gpus(spec: ClusterSpec, catalogue: dict) -> bool:
 def image_defs(spec: ClusterSpec, catalogue: dict | None = None) -> tuple:
     """The node images; the check images when a group checks new nodes on start; the
     GPU check image (checks and the passive GPU monitor) when a group has GPUs."""
-    from ..docker.images import CHECK_IMAGES, GPU_IMAGES, NODE_IMAGES
+    from ..docker.images import CHECK_IMAGES, GPU_IMAGES, NODE_IMAGES, SERVICE_IMAGES
 
-    defs = NODE_IMAGES + (CHECK_IMAGES if any(g.OnStartDeepHealthChecks for g in spec.InstanceGroups) else ())
+    services = {"accounting": spec.accounting, "database": spec.accounting, "rest": spec.rest}
+    defs = NODE_IMAGES + tuple(d for d in SERVICE_IMAGES if services[d.name])
+    defs += CHECK_IMAGES if any(g.OnStartDeepHealthChecks for g in spec.InstanceGroups) else ()
     return defs + (GPU_IMAGES if catalogue is not None and has_gpus(spec, catalogue) else ())
 
 
@@ -107,7 +112,8 @@ def create(env: Env, spec: ClusterSpec, opts: CreateOptions, progress: Progress 
     name = spec.ClusterName
     env.provider.ping()
     check_name_free(env, name)
-    spec = spec.model_copy(update={"MaxNodeCount": spec.max_nodes})  # fixed from now on (slurm.conf)
+    # fixed from now on (slurm.conf): the node slots, and whether the services run
+    spec = spec.model_copy(update={"MaxNodeCount": spec.max_nodes}).with_services_fixed()
     if problems := capacity_problems(env, spec):
         raise BadInput(problems, "cannot create")
     if has_gpus(spec, env.catalogue):
@@ -150,6 +156,7 @@ def rollback(cluster: Cluster, msg: str, retain: bool, progress: Progress) -> No
     progress.stage("rollback", "removing what was created")
     remove_resources(env.provider, name)
     cluster.key_path.unlink(missing_ok=True)  # nothing uses it any more
+    forget_secrets(cluster)
     env.store.set_status(name, "Failed", msg)
     env.store.event(name, "Cluster", "Info", f"Cluster {name} rolled back: no container, network or volume is left")
 
@@ -161,12 +168,18 @@ def _create(cluster: Cluster, images: dict[str, str], opts: CreateOptions, progr
     p.create_network(network_name(name), labels(name, "network"))
     p.create_volume(state_volume(name), labels(name, "state"))
     p.create_volume(shared_volume(name), labels(name, "shared"))
+    if spec.accounting:
+        p.create_volume(database_volume(name), labels(name, "database"))
     cluster.make_key()
     launcher = Launcher(cluster, images)
 
-    progress.stage("controller", cluster.controller_host)
     conf = render(spec, env.catalogue).encode()
-    ctl_res = _start_controller(cluster, launcher, conf)
+    services = CreateServices(cluster, images)
+    if spec.accounting:
+        progress.stage("accounting", "database, then slurmdbd, before slurmctld")
+    services.begin(conf)  # the database boots while the other containers are created
+    progress.stage("controller", cluster.controller_host)
+    ctl_res = _start_controller(cluster, launcher, conf, start=not spec.accounting)
 
     # While slurmctld boots, create every other node's container.
     wanted = [(g, i) for g in spec.InstanceGroups if g.node_type != "Controller" for i in range(1, g.InstanceCount + 1)]
@@ -174,6 +187,10 @@ def _create(cluster: Cluster, images: dict[str, str], opts: CreateOptions, progr
     for n in groups:
         env.store.set_phase(name, n, Phase.QUEUED, "waiting for capacity")
     created = launcher.create_many(wanted)
+    if spec.accounting:  # slurmctld registers the cluster with slurmdbd at its first start
+        services.accounting_up(deadline)
+        if err := launcher.start(ctl_res):
+            raise OperationFailed(f"controller {cluster.controller_host} could not be started: {err}")
     try:
         wait_controller(cluster, ctl_res, min(deadline, time.monotonic() + 60))
     except LaunchError as e:
@@ -191,6 +208,7 @@ def _create(cluster: Cluster, images: dict[str, str], opts: CreateOptions, progr
     )
 
     progress.stage("nodes", "starting login and compute nodes")
+    services.start_rest()
     outcome = LaunchOutcome()
     ids = [(n, r) for n, r in created.items() if isinstance(r, str)]
     for (n, cid), err in zip(ids, parallel(lambda t: launcher.start(t[1]), ids), strict=True):
@@ -241,14 +259,20 @@ def _in_service(cluster: Cluster) -> None:
     cluster.store.event(cluster.name, "Cluster", "Info", f"Cluster {cluster.name} is InService")
 
 
-def _start_controller(cluster: Cluster, launcher: Launcher, conf: bytes) -> str:
+def _start_controller(cluster: Cluster, launcher: Launcher, conf: bytes, start: bool = True) -> str:
+    """Create the controller's container, and start it unless not `start` (with
+    Accounting: started by the caller once slurmdbd is ready)."""
     host = cluster.controller_host
     cluster.store.set_phase(cluster.name, host, Phase.QUEUED, "waiting for capacity")
-    res = launcher.create_many([(cluster.spec.controller, 1)], files={"slurm.conf": (conf, 0o644, 0)})
+    files = {"slurm.conf": (conf, 0o644, 0), **controller_files(cluster)}
+    res = launcher.create_many([(cluster.spec.controller, 1)], files=files)
     cid = res[host]
     if isinstance(cid, LaunchError):
         # no capacity for the controller's type, or its image is missing: fatal, whatever the mode
         raise OperationFailed(f"controller {host} could not be launched: {cid}")
+    if not start:
+        cluster.store.set_phase(cluster.name, host, Phase.LAUNCHING, "container created")
+        return cid
     if err := launcher.start(cid):
         raise OperationFailed(f"controller {host} could not be started: {err}")
     cluster.store.set_phase(cluster.name, host, Phase.LAUNCHING, "container started")

@@ -36,7 +36,7 @@ def mirror() -> str:
 
 @dataclass(frozen=True)
 class ImageDef:
-    name: str  # logical name: controller, login, worker, check-cpu, check-gpu
+    name: str  # logical name: controller, login, worker, accounting, rest, database, check-cpu, check-gpu
     context: str  # folder under orchestrator/data/images
     target: str | None
 
@@ -49,12 +49,19 @@ NODE_IMAGES = (
     ImageDef("login", "node", "login"),
     ImageDef("worker", "node", "worker"),
 )
+# The cluster services (Accounting, Rest in the spec): slurmdbd and slurmrestd are thin
+# targets on the node images' shared stage; MariaDB has its own stage.
+SERVICE_IMAGES = (
+    ImageDef("accounting", "node", "accounting"),
+    ImageDef("rest", "node", "rest"),
+    ImageDef("database", "node", "database"),
+)
 CHECK_IMAGES = (ImageDef("check-cpu", "check-cpu", None),)
 # The GPU check image (CuPy, nvidia-ml-py, CUDA and NCCL wheels from PyPI: ~2.2 GB, a
 # build of about a minute) is built only where it is needed: by `hp create` of a cluster
 # with GPU types, or `hp images build --gpu`. Not in ALL_IMAGES (`hp images build`).
 GPU_IMAGES = (ImageDef("check-gpu", "check-gpu", None),)
-ALL_IMAGES = NODE_IMAGES + CHECK_IMAGES
+ALL_IMAGES = NODE_IMAGES + SERVICE_IMAGES + CHECK_IMAGES
 
 
 def context_hash(ctx: Path) -> str:
