@@ -24,9 +24,10 @@ from .accounting import DAEMON_DOWN, Health, ensure_up, health, restart, roles, 
 
 log = logging.getLogger("hp.services")
 
-POLL_S = 10.0
+POLL_S = 2.0  # the containers' states (one list call)
+HEALTH_EVERY_S = 10.0  # accounting's health (sacctmgr ping: one exec)
 HUNG_AFTER_S = 30.0
-SETTLE_S = 1.0  # after a death, give Docker's restart policy a moment before acting
+SETTLE_S = 0.5  # after an event or a death, give the engine's state and Docker's restart policy a moment
 BACKOFF_S = 30.0
 HANDS_OFF = ("Deleting", "RollingBack", "Failed")
 
@@ -46,22 +47,28 @@ class ServiceWatch:
         self.kicked.set()
 
     def run(self, stop: threading.Event) -> None:
+        next_health = 0.0
         while not stop.is_set():
+            now = time.monotonic()
             try:
-                self.step()
+                self.step(now, check_health=now >= next_health)
             except TRANSIENT as e:  # the engine or Slurm did not answer: next round
                 log.warning("services of %s: %s", self.name, e)
-            self.kicked.wait(POLL_S)
-            self.kicked.clear()
+            if now >= next_health:
+                next_health = now + HEALTH_EVERY_S
+            if self.kicked.wait(POLL_S):
+                self.kicked.clear()
+                time.sleep(SETTLE_S)
 
     def _event(self, level: str, text: str) -> None:
         self.env.store.event(self.name, "Cluster", level, f"Cluster {self.name}: {text}")
 
-    def step(self, now: float | None = None) -> None:
+    def step(self, now: float | None = None, check_health: bool = True) -> None:
         row = self.env.store.cluster(self.name)
         if row is None or row.status in HANDS_OFF:
             return
-        wanted = roles(self.cluster.reload())
+        self.cluster.reload()
+        wanted = roles(self.cluster)
         if not wanted:
             return
         now = time.monotonic() if now is None else now
@@ -79,8 +86,8 @@ class ServiceWatch:
                 self.retry_at = now + BACKOFF_S
                 self._event("Error", f"could not bring {names} back (tried again in {BACKOFF_S:g} s): {e}")
                 return
-            self._event("Info", f"{'; '.join(done) or 'services'} back in {time.monotonic() - t0:.1f} s")
-        if self.cluster.spec.accounting:
+            self._event("Info", f"{'; '.join(done) or 'services'}: back in {time.monotonic() - t0:.1f} s")
+        if self.cluster.spec.accounting and check_health:
             self._health(now)
 
     def _down(self, wanted: list[str]) -> dict[str, str]:
