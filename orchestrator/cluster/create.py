@@ -135,9 +135,11 @@ def _create_and_record(cluster: Cluster, images: dict[str, str], opts: CreateOpt
     env, name, spec = cluster.env, cluster.name, cluster.spec
     mode = "continuous" if spec.continuous else "all-or-nothing"
     env.store.event(name, "Cluster", "Info", f"Cluster {name} creation started ({mode} provisioning)")
+    services = CreateServices(cluster, images)
     try:
-        _create(cluster, images, opts, progress)
+        _create(cluster, images, opts, progress, services)
     except BaseException as e:  # every failure (^C too) ends in the one rollback path, then goes on up
+        services.settle()  # nothing may still be making a container while everything is removed
         msg = str(e) if isinstance(e, HpError) else f"{type(e).__name__}: {e}"
         if isinstance(e, KeyboardInterrupt):
             msg = "interrupted"
@@ -161,7 +163,13 @@ def rollback(cluster: Cluster, msg: str, retain: bool, progress: Progress) -> No
     env.store.event(name, "Cluster", "Info", f"Cluster {name} rolled back: no container, network or volume is left")
 
 
-def _create(cluster: Cluster, images: dict[str, str], opts: CreateOptions, progress: Progress) -> None:
+def _create(
+    cluster: Cluster,
+    images: dict[str, str],
+    opts: CreateOptions,
+    progress: Progress,
+    services: CreateServices | None = None,
+) -> None:
     env, spec, name, p = cluster.env, cluster.spec, cluster.name, cluster.p
     deadline = time.monotonic() + opts.timeout
     progress.stage("network", "network, volumes and auth key")
@@ -174,7 +182,7 @@ def _create(cluster: Cluster, images: dict[str, str], opts: CreateOptions, progr
     launcher = Launcher(cluster, images)
 
     conf = render(spec, env.catalogue).encode()
-    services = CreateServices(cluster, images)
+    services = services or CreateServices(cluster, images)
     if spec.accounting:
         progress.stage("accounting", "database, then slurmdbd, before slurmctld")
     services.begin(conf)  # the database boots while the other containers are created
@@ -191,6 +199,7 @@ def _create(cluster: Cluster, images: dict[str, str], opts: CreateOptions, progr
         services.accounting_up(deadline)
         if err := launcher.start(ctl_res):
             raise OperationFailed(f"controller {cluster.controller_host} could not be started: {err}")
+        services.accounting_ready()
     try:
         wait_controller(cluster, ctl_res, min(deadline, time.monotonic() + 60))
     except LaunchError as e:

@@ -28,6 +28,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
@@ -55,9 +56,16 @@ _BRINGING_BACK: dict[str, threading.Lock] = {}  # per cluster: the watch and a c
 def _secret(cluster: Cluster, fname: str, make: Callable[[], bytes]) -> bytes:
     path = cluster.dir / fname
     if not path.exists():
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        tmp = path.with_name(f".{fname}.{os.getpid()}.{threading.get_ident()}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as f:
             f.write(make())
+        try:  # the first one made wins (another thread or process may be making it too)
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
     return path.read_bytes()
 
 
@@ -181,37 +189,64 @@ def wait_ready(cluster: Cluster, cid: str, role: str, marks_before: int, deadlin
 
 
 class CreateServices:
-    """The services of a cluster being created: `begin` (the database starts, slurmdbd's
-    and slurmrestd's containers are made), `accounting_up` (before slurmctld starts),
-    `start_rest` (once slurmctld answers)."""
+    """The services of a cluster being created: `begin` (the database starts; slurmdbd's
+    and slurmrestd's containers are made on a thread while the nodes' are),
+    `accounting_up` (the database ready, slurmdbd started), `start_rest` (once slurmctld
+    answers)."""
 
     def __init__(self, cluster: Cluster, images: dict[str, str]):
         self.c = cluster
         self.images = images
         self.ids: dict[str, str] = {}
+        self._making: Future[None] | None = None
 
     @property
     def accounting(self) -> bool:
         return self.c.spec.accounting
 
     def begin(self, slurm_conf: bytes) -> None:
+        if self.c.spec.rest:
+            jwt_key(self.c)  # made here, once, before the controller's and slurmdbd's containers
         if self.accounting:
+            db_password(self.c)
             self.ids["database"] = create(self.c, "database", self.images["database"])
             self.c.p.start(self.ids["database"])
-            self.ids["accounting"] = create(self.c, "accounting", self.images["accounting"])
-        if self.c.spec.rest:
-            self.ids["rest"] = create(self.c, "rest", self.images["rest"], slurm_conf)
+        later = (["accounting"] if self.accounting else []) + (["rest"] if self.c.spec.rest else [])
+        if later:
+            pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hp-services")
+            self._making = pool.submit(self._make, later, slurm_conf)
+            pool.shutdown(wait=False)
+
+    def _make(self, later: list[str], slurm_conf: bytes) -> None:
+        for role in later:
+            self.ids[role] = create(self.c, role, self.images[role], slurm_conf if role == "rest" else None)
+
+    def _made(self) -> None:
+        if self._making is not None:
+            self._making.result()  # its error, if any, is the create's
+
+    def settle(self) -> None:
+        """Wait for the containers being made on the thread (their error is not this one's)."""
+        if self._making is not None:
+            wait([self._making])
 
     def accounting_up(self, deadline: float) -> None:
-        """The database ready, then slurmdbd started and ready: slurmctld may start."""
+        """The database ready, then slurmdbd started. slurmctld may start now: at its first
+        start it waits for slurmdbd to answer (about 0.1 s here) before it registers."""
+        self._made()
         if not self.accounting:
             return
-        deadline = min(deadline, time.monotonic() + READY_TIMEOUT)
-        wait_ready(self.c, self.ids["database"], "database", 0, deadline)
+        self._deadline = min(deadline, time.monotonic() + READY_TIMEOUT)
+        wait_ready(self.c, self.ids["database"], "database", 0, self._deadline)
         self.c.p.start(self.ids["accounting"])
-        wait_ready(self.c, self.ids["accounting"], "accounting", 0, deadline)
+
+    def accounting_ready(self) -> None:
+        """slurmdbd said it started (fails fast with its log when it did not)."""
+        if self.accounting:
+            wait_ready(self.c, self.ids["accounting"], "accounting", 0, self._deadline)
 
     def start_rest(self) -> None:
+        self._made()
         if "rest" in self.ids:
             self.c.p.start(self.ids["rest"])
 
