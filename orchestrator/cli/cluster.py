@@ -141,7 +141,22 @@ def describe(name: str, json_out: bool = JsonOpt) -> None:
         out.json(doc)
         return
     print_groups(out, doc)
+    print_services(doc)
     print(f"agent: {'restarted' if agent['Restarted'] else 'alive'} (pid {agent['Pid']})")
+
+
+def print_services(doc: dict[str, Any]) -> None:
+    """Accounting's health and the services' endpoints (docs/accounting.md)."""
+    for h in doc.get("SlurmHealth") or []:
+        why = f" ({h['Reason']})" if h.get("Reason") else ""
+        print(f"slurmdbd: {h['Status']}{why}: {h['Message']}")
+    if not doc.get("Accounting", {}).get("Enabled"):
+        print("accounting: off")
+    ends = doc.get("Endpoints") or {}
+    if doc.get("Rest", {}).get("Enabled"):
+        print(f"rest: {ends.get('Rest') or 'not served yet'} (hp api, hp token)")
+    if ends.get("Metrics"):
+        print(f"metrics: {ends['Metrics']}")
 
 
 def nodes(

@@ -418,6 +418,11 @@ def test_token_api_metrics_cli(tmp_path, monkeypatch, capsys):
         out = capsys.readouterr()
         return e.value.code, out.out, out.err
 
+    code, out, err = run("describe", "lab")
+    assert code == 0 and "slurmdbd: Healthy: slurmdbd answers" in out and "rest:" not in out
+    w.provider.kill("hp-lab-mariadb")
+    assert "slurmdbd: Unhealthy (DbUnreachable): the database's container is exited" in run("describe", "lab")[1]
+    assert "rest: not served yet (hp api, hp token)" in run("describe", "rl")[1]
     code, out, err = run("token", "lab")
     assert code == 2 and "has no REST API" in err and out == ""
     assert run("api", "lab")[0] == 2
