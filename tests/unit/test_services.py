@@ -410,6 +410,7 @@ def test_token_api_metrics_cli(tmp_path, monkeypatch, capsys):
     make(w, "rl", Rest={"Enabled": True})
     monkeypatch.setattr(common, "env", lambda: w.env)
     monkeypatch.setattr("orchestrator.cli.services.env", lambda: w.env)
+    monkeypatch.setattr("orchestrator.cli.cluster.env", lambda: w.env)
 
     def run(*args):
         monkeypatch.setattr("sys.argv", ["hp", *args])
