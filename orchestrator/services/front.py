@@ -24,6 +24,7 @@ log = logging.getLogger("hp.front")
 
 MAX_BODY = 8 * 2**20  # a job script with its JSON: far less
 UPSTREAM_TIMEOUT = 60.0
+PROXY_USERS = ("root", "slurm")
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-connection"}
 
 Upstream = Callable[[bool], tuple[str, int]]  # (host, port) of slurmrestd; True: look it up again
@@ -95,6 +96,10 @@ class _Handler(BaseHTTPRequestHandler):
         why = "missing X-SLURM-USER-TOKEN" if not token else jwt.verify(self.server.key(), token)
         if why:
             return self._deny(why)
+        assert token is not None
+        user, owner = self.headers.get("X-SLURM-USER-NAME"), jwt.user_of(token)
+        if user and owner not in (user, *PROXY_USERS):  # only root's and SlurmUser's tokens act for others
+            return self._deny(f"the token is {owner!r}'s, not {user!r}'s")
         headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP and k.lower() != "host"}
         try:
             status, reply_headers, payload = self._forward(body, headers)

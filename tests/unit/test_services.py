@@ -338,6 +338,9 @@ def test_front_refuses_bad_tokens_with_401_and_never_asks_slurmrestd(front):
         status, doc, headers = req(f.port, "GET", "/slurm/v0.0.42/jobs", tok)
         assert status == 401 and doc["errors"][0]["error"] == why and doc["errors"][0]["error_number"] == 401
         assert "WWW-Authenticate" in headers
+    # a good token, of another user than the one named
+    status, doc, _ = req(f.port, "GET", "/slurm/v0.0.42/jobs", jwt.sign(KEY, "alice", 60))
+    assert status == 401 and doc["errors"][0]["error"] == "the token is 'alice''s, not 'hpuser''s"
     assert _Upstream.seen == []
     status, doc, _ = req(f.port, "GET", "/slurm/v0.0.42/ping", good)
     assert status == 200 and doc["path"] == "/slurm/v0.0.42/ping"
