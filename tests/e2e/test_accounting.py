@@ -154,6 +154,12 @@ def test_rest_with_a_token_and_401_for_bad_ones(lab: tuple[Hp, str]) -> None:
             status, doc = http(f"{url}/{API}/{path}", method, bad_tok, body)
             assert status == 401 and doc["errors"][0]["error"] == why, (path, why, status, doc)
             assert time.monotonic() - t0 < 2
+    # the agent serves the front: killed, the next hp command starts it again on the same port
+    pidf = h.home / "clusters" / name / "agent.pid"
+    os.kill(int(pidf.read_text()), signal.SIGKILL)
+    time.sleep(0.5)
+    assert h("api", name, check=True).stdout.strip() == url
+    assert http(f"{url}/{API}/ping", token=tok)[0] == 200
     # the key is in no output of hp: describe, events, logs
     assert key.hex() not in h("describe", name, "--json", check=True).stdout
     out = h.home / "logs"
