@@ -4,8 +4,9 @@ reported per stage and per group, and one rollback path.
 Order: network, volumes and key; the controller (ready when `scontrol ping` answers);
 then login and compute groups in parallel. Their containers are created while the
 controller boots and started the moment it answers. With Accounting, the database starts
-first and boots while the other containers are created; slurmctld starts once slurmdbd
-is ready (services/accounting.py); slurmrestd (Rest) starts with the nodes.
+first and boots while the other containers are created; slurmdbd starts once it is ready,
+and slurmctld right after slurmdbd (services/accounting.py); slurmrestd (Rest) starts
+with the nodes.
 """
 
 from __future__ import annotations
@@ -189,7 +190,7 @@ def _create(
     progress.stage("controller", cluster.controller_host)
     ctl_res = _start_controller(cluster, launcher, conf, start=not spec.accounting)
 
-    # While slurmctld boots, create every other node's container.
+    # While slurmctld boots (with Accounting: while the database boots), create every other node's container.
     wanted = [(g, i) for g in spec.InstanceGroups if g.node_type != "Controller" for i in range(1, g.InstanceCount + 1)]
     groups = {node_name(g.InstanceGroupName, i): g for g, i in wanted}
     for n in groups:
@@ -270,7 +271,7 @@ def _in_service(cluster: Cluster) -> None:
 
 def _start_controller(cluster: Cluster, launcher: Launcher, conf: bytes, start: bool = True) -> str:
     """Create the controller's container, and start it unless not `start` (with
-    Accounting: started by the caller once slurmdbd is ready)."""
+    Accounting: started by the caller once the database is ready and slurmdbd started)."""
     host = cluster.controller_host
     cluster.store.set_phase(cluster.name, host, Phase.QUEUED, "waiting for capacity")
     files = {"slurm.conf": (conf, 0o644, 0), **controller_files(cluster)}

@@ -3,10 +3,11 @@ and slurmrestd (`rest`), made from hp's images like the nodes, but not Slurm nod
 
 Order (measured: docs/accounting.md). The database is created and started first, and
 boots while every other container is created; slurmdbd starts once the database says
-"ready for connections", and slurmctld once slurmdbd says "slurmdbd version ... started".
-In that order slurmctld registers the cluster at its first start (no `sacctmgr add
-cluster`, no CLUSTER ID MISMATCH). Started all at once, slurmdbd waits 5 s for the
-database and slurmctld blocks on slurmdbd: 7 s instead of 1.5 s.
+"ready for connections", and slurmctld right after slurmdbd (at its first start slurmctld
+waits for slurmdbd to answer, ~0.1 s; create then checks that slurmdbd said "slurmdbd
+version ... started"). So slurmctld registers the cluster at its first start (no
+`sacctmgr add cluster`, no CLUSTER ID MISMATCH). Started all at once, slurmdbd waits 5 s
+for the database and slurmctld blocks on slurmdbd: 7 s instead of 1.5 s.
 
 Hazard: slurmctld must never be (re)started while slurmdbd is unreachable (it dies with
 "You are running with a database but for some reason we have no TRES from it" after

@@ -21,8 +21,9 @@ NAME_MAX = 63
 SLURM_MAX_NODES = 65536  # slurmctld refuses a MaxNodeCount above this
 MIN_MAX_NODES = 128
 CHECKS = ("InstanceStress", "InstanceConnectivity")
-# The cluster services' defaults (docs/accounting.md says why): accounting costs ~1.3 s of
-# create time and ~60 MiB; REST opens a port on the host (loopback) and is asked for.
+# The cluster services' defaults (docs/accounting.md says why): accounting adds ~1.2 s to
+# create (measured; under the 2 s budget) and ~60 MiB; REST opens a port on the host
+# (loopback) and is asked for.
 ACCOUNTING_DEFAULT = True
 REST_DEFAULT = False
 
