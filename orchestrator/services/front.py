@@ -103,7 +103,7 @@ class _Handler(BaseHTTPRequestHandler):
         headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP and k.lower() != "host"}
         try:
             status, reply_headers, payload = self._forward(body, headers)
-        except OSError as e:
+        except (OSError, http.client.HTTPException) as e:
             return self._send(502, error_body(502, f"slurmrestd does not answer: {e}", "Bad gateway"))
         self._send(status, payload, reply_headers)
 
