@@ -461,3 +461,53 @@ def test_logs_never_hold_the_jwt_key_or_the_db_password(tmp_path):
     assert all(pw.decode() not in e.description for e in w.env.store.events("lab"))
     delete(w.env, "lab")
     assert not (w.home / "clusters" / "lab").exists()
+
+
+def test_endpoints_serve_on_recorded_ports_and_survive_a_restart(tmp_path, monkeypatch, capsys):
+    import socket
+    import urllib.request
+
+    import orchestrator.cli as cli
+    from orchestrator.services.endpoints import Endpoints, url, wait_url
+
+    w = world(tmp_path)
+    c = make(w, Rest={"Enabled": True})
+    ep = Endpoints(w.env, "lab")
+    ep.start()
+    try:
+        murl, rurl = wait_url(w.env.store, "lab", "metrics"), wait_url(w.env.store, "lab", "rest")
+        assert murl.startswith("http://127.0.0.1:") and murl.endswith("/metrics")
+        with urllib.request.urlopen(murl, timeout=5) as r:
+            assert b"slurm_nodes{" in r.read()
+        port = int(rurl.rsplit(":", 1)[1])
+        # a good token, but the fake engine publishes no port for slurmrestd: 502, said so
+        status, doc, _ = req(port, "GET", "/slurm/v0.0.42/ping", jwt.sign(accounting.jwt_key(c), "hpuser", 60))
+        assert status == 502 and "not published" in doc["errors"][0]["error"]
+        monkeypatch.setattr("orchestrator.cli.services.env", lambda: w.env)
+        monkeypatch.setattr("sys.argv", ["hp", "api", "lab"])
+        with pytest.raises(SystemExit) as e:
+            cli.main()
+        assert e.value.code == 0 and capsys.readouterr().out.strip() == rurl
+        monkeypatch.setattr("sys.argv", ["hp", "metrics", "lab", "--json"])
+        with pytest.raises(SystemExit) as e:
+            cli.main()
+        assert e.value.code == 0 and json.loads(capsys.readouterr().out) == {"ClusterName": "lab", "Url": murl}
+    finally:
+        ep.close()
+    ep = Endpoints(w.env, "lab")  # the agent again: the same URLs
+    ep.start()
+    ep.close()
+    assert (url(w.env.store, "lab", "metrics"), url(w.env.store, "lab", "rest")) == (murl, rurl)
+    # the recorded port taken by another program meanwhile: another one, recorded
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", int(murl.split(":")[2].split("/")[0])))
+    blocker.listen()
+    try:
+        ep = Endpoints(w.env, "lab")
+        ep.start()
+        ep.close()
+        assert url(w.env.store, "lab", "metrics") != murl
+    finally:
+        blocker.close()
+    delete(w.env, "lab")
+    assert url(w.env.store, "lab", "metrics") is None
