@@ -500,6 +500,7 @@ def test_endpoints_serve_on_recorded_ports_and_survive_a_restart(tmp_path, monke
     assert (url(w.env.store, "lab", "metrics"), url(w.env.store, "lab", "rest")) == (murl, rurl)
     # the recorded port taken by another program meanwhile: another one, recorded
     blocker = socket.socket()
+    blocker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the port may have connections in TIME_WAIT
     blocker.bind(("127.0.0.1", int(murl.split(":")[2].split("/")[0])))
     blocker.listen()
     try:
