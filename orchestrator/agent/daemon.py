@@ -2,7 +2,9 @@
 CLI exits. Run as `python -m orchestrator.agent NAME` (process control: process.py).
 
 One process per cluster, started by `hp create` and restarted by any hp command that
-finds it gone. Per cluster rather than per host: a cluster's agent holds only that
+finds it gone. Beside provisioning it runs the recovery watcher, the cluster services'
+watch (a dead database or slurmdbd is brought back) and the loopback endpoints (metrics,
+the REST front: orchestrator/services). Per cluster rather than per host: a cluster's agent holds only that
 cluster's lock, so a crash or a slow Docker call in one cluster never stalls another,
 and deleting a cluster is just stopping its agent. An idle agent sleeps on a condition
 (woken by Docker events, SIGUSR1 from `hp scale`, or a slow resync).
