@@ -4,7 +4,11 @@
 N idle nodes; (b) `hp create --wait` of a cluster with N workers (the real CLI, a new
 process: imports and all). Prints both and the ratio b/a (target <= 1.25), and the
 time from `hp create` starting to the default cluster's first successful `srun`
-(target <= 5 s). Images must be built (`make images`).
+(target <= 5 s). Then the default cluster with and without accounting, in one run
+(alternated, --acct-runs times each): the create time each way and what accounting adds
+(it must be under 2 s for accounting to be on by default), and the time to the first
+`sacct` row: from `hp create` starting to a first job's record, and from a job's last
+instruction to its record. Images must be built (`make images`).
 """
 
 from __future__ import annotations
@@ -50,11 +54,62 @@ def first_srun(home: str) -> float:
     return dt
 
 
+FIRST_SACCT = r"""
+cd ~
+id=$(sbatch --parsable -o /dev/null --wrap 'date +%s.%N > first-end')
+while :; do
+  s=$(sacct -n -X -P -j "$id" -o State 2>/dev/null | head -1)
+  [ "$s" = COMPLETED ] && break
+  sleep 0.02
+done
+echo "$(cat first-end) $(date +%s.%N)"
+"""
+
+
+def accounting_cost(runs: int) -> None:
+    """The default cluster without and with accounting, alternated; medians."""
+    import statistics
+
+    times: dict[str, list[float]] = {"--no-accounting": [], "--accounting": []}
+    first_row, after_end = [], []
+    for i in range(runs):
+        for flag in ("--no-accounting", "--accounting") if i % 2 == 0 else ("--accounting", "--no-accounting"):
+            with tempfile.TemporaryDirectory() as home:
+                env = bench_env(home)
+                wall0, t0 = time.time(), time.monotonic()  # the containers' clock is the host's
+                hp(env, "create", "--name", "benchacct", flag)
+                times[flag].append(time.monotonic() - t0)
+                if flag == "--accounting":
+                    r = hp(env, "exec", "benchacct", "--", "bash", "-c", FIRST_SACCT)
+                    end, seen = (float(x) for x in r.stdout.split()[-2:])
+                    first_row.append(seen - wall0)
+                    after_end.append(seen - end)
+                hp(env, "delete", "benchacct")
+    off, on = statistics.median(times["--no-accounting"]), statistics.median(times["--accounting"])
+    print(f"default cluster, {runs} run(s) each, medians:")
+    print(f"  hp create without accounting {off:.2f} s, with accounting {on:.2f} s: accounting adds {on - off:+.2f} s")
+    print(
+        f"  (each run, without: {', '.join(f'{x:.2f}' for x in times['--no-accounting'])}; with: "
+        f"{', '.join(f'{x:.2f}' for x in times['--accounting'])})"
+    )
+    print(
+        f"  first sacct row {statistics.median(first_row):.2f} s after hp create started "
+        f"(a job submitted as soon as create returned)"
+    )
+    print(f"  a job's row in sacct {statistics.median(after_end) * 1000:.0f} ms after its last instruction")
+    print(f"  accounting by default: {'OK' if on - off < 2.0 else 'ABOVE the 2 s budget'} (budget 2 s)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--sizes", default="4,16,64")
+    ap.add_argument("--sizes", default="4,16,64", help="worker counts vs the floor ('none': skip)")
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--acct-runs", type=int, default=3, help="create runs with and without accounting (0: skip)")
     a = ap.parse_args()
+    if a.sizes == "none":
+        if a.acct_runs:
+            accounting_cost(a.acct_runs)
+        return
     print(f"{'N':>4} {'floor s':>9} {'hp s':>9} {'ratio':>7}  target <= 1.25")
     worst = 0.0
     for n in [int(x) for x in a.sizes.split(",")]:
@@ -70,6 +125,8 @@ def main() -> None:
         s = first_srun(home)
     print(f"default cluster: first successful srun -N4 {s:.2f} s after hp create started (target <= 5 s)")
     print(f"worst ratio {worst:.2f}: {'OK' if worst <= 1.25 else 'ABOVE TARGET'}")
+    if a.acct_runs:
+        accounting_cost(a.acct_runs)
 
 
 if __name__ == "__main__":

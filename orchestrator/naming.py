@@ -20,6 +20,11 @@ L_HOST = f"{LABEL_PREFIX}.host"  # the registered host a container was placed on
 
 ROLE_BY_NODE_TYPE = {"Controller": "controller", "Login": "login", "Compute": "worker"}
 
+# Cluster services (not Slurm nodes): role -> the container's hostname (its alias on the
+# cluster's network, the name slurm.conf and slurmdbd.conf use). A node's name always
+# ends in -<index>, so none of these can be a node's.
+SERVICE_HOSTS = {"database": "mariadb", "accounting": "slurmdbd", "rest": "slurmrestd"}
+
 
 def labels(
     cluster: str,
@@ -82,6 +87,16 @@ def state_volume(cluster: str) -> str:
 
 def shared_volume(cluster: str) -> str:
     return f"hp-{cluster}-home"
+
+
+def service_container(cluster: str, role: str) -> str:
+    """A cluster service's container: hp-<cluster>-mariadb, -slurmdbd, -slurmrestd."""
+    return container_name(cluster, SERVICE_HOSTS[role])
+
+
+def database_volume(cluster: str) -> str:
+    """The accounting database's data (MariaDB's datadir)."""
+    return f"hp-{cluster}-db"
 
 
 def node_id(container_id: str) -> str:

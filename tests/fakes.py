@@ -9,7 +9,10 @@
   H200's nvidia-smi -q -x, copied per GPU).
 - FakeSlurm: the Slurm interface (orchestrator.slurm.client) as a dict of nodes. Worker
   containers that start register in it (with the drain their slurmd --conf asks for)
-  when `auto_register` is on, as slurmd would.
+  when `auto_register` is on, as slurmd would. Accounting answers from `acct_ping` (or,
+  by default, from the services' containers: slurmdbd running and the database too).
+- service_started(c): the cluster services' containers say they are ready in their log
+  when they start (MariaDB's "ready for connections", slurmdbd's "... started").
 - FakeAgents: agent process control that starts nothing.
 - world(): an Env wired with all three and a private Store; multi_world(): the same
   over a MultiHostProvider of several fake engines (registered hosts h1, h2, ...), the
@@ -44,7 +47,7 @@ from orchestrator.docker.views import (
 )
 from orchestrator.errors import EngineError, EngineUnavailable, ObjectMissing, OperationFailed
 from orchestrator.naming import L_CLUSTER, L_MANAGED
-from orchestrator.slurm.model import JobInfo, SlurmNode
+from orchestrator.slurm.model import AccountingPing, AcctJob, JobInfo, SlurmNode
 from orchestrator.state.store import Store
 
 _ids = itertools.count(1)
@@ -480,6 +483,16 @@ def gpu_host(p: FakeProvider, n: int = 1, runtime: bool = False) -> None:
     p.run_handler = handler
 
 
+READY_LINES = {"database": "mariadbd: ready for connections.", "accounting": "slurmdbd version 24.11.5 started"}
+
+
+def service_started(c: FakeContainer) -> None:
+    """A cluster service's container says it is ready, as the real ones do."""
+    line = READY_LINES.get(c.spec.labels.get("io.hp.role", ""))
+    if line:
+        c.logs += line + "\n"
+
+
 def _match(labels: dict[str, str], cluster: str | None) -> bool:
     return labels.get(L_CLUSTER) == cluster if cluster else labels.get(L_MANAGED) == "1"
 
@@ -489,6 +502,11 @@ class FakeSlurm:
 
     def __init__(self) -> None:
         self.up = True
+        self.provider: FakeProvider | None = None  # for accounting's default answers
+        self.acct_ping: AccountingPing | None = None
+        self.acct_jobs: dict[int, AcctJob] = {}
+        self.job_states_: dict[tuple[str, str], int] = {}
+        self.tokens: list[tuple[str, int]] = []
         self.nodes_: dict[str, SlurmNode] = {}
         self.jobs: dict[int, JobInfo] = {}
         self.auto_register = True
@@ -566,6 +584,38 @@ class FakeSlurm:
     def overview(self) -> dict[str, str]:
         return {"sinfo.txt": "sinfo\n", "squeue.txt": "squeue\n"}
 
+    def job_states(self) -> dict[tuple[str, str], int]:
+        self._check()
+        return dict(self.job_states_)
+
+    def accounting_ping(self) -> AccountingPing:
+        self._check()
+        self.calls.append(("accounting_ping", ()))
+        if self.acct_ping is not None:
+            return self.acct_ping
+        roles = {
+            c.spec.labels.get("io.hp.role"): c.state
+            for c in (self.provider.containers_.values() if self.provider else [])
+        }
+        if roles.get("accounting") != "running":
+            return AccountingPing(False, False, True, "")
+        if roles.get("database") != "running":
+            return AccountingPing(False, True, False, "error: Unable to connect to database")
+        return AccountingPing(True, False, False, "slurmdbd answers")
+
+    def sacct(self, job_ids: list[int], container: str | None = None) -> list[AcctJob]:
+        self._check()
+        return [self.acct_jobs[j] for j in job_ids if j in self.acct_jobs]
+
+    def clusters(self) -> list[str]:
+        self._check()
+        return ["lab"]
+
+    def token(self, user: str, lifespan: int) -> str:
+        self._check()
+        self.tokens.append((user, lifespan))
+        return "eyJhbGciOiJIUzI1NiJ9.eyJzdW4iOiJocHVzZXIifQ.c2ln"
+
     # -- what slurmd does when its container starts
     def register(self, c: FakeContainer) -> None:
         if not self.auto_register or c.spec.labels.get("io.hp.role") != "worker":
@@ -614,14 +664,16 @@ class World:
     home: Path
 
 
-NODE_IMAGE_NAMES = ("controller", "login", "worker", "check-cpu")
+NODE_IMAGE_NAMES = ("controller", "login", "worker", "accounting", "rest", "database", "check-cpu")
 
 
 def world(tmp_path: Path, cpus: int = 8, memory_mib: int = 16384, build: bool = True) -> World:
     """An Env on fakes, with a private store; the images built when `build`."""
     p = FakeProvider(cpus, memory_mib)
     slurm = FakeSlurm()
+    slurm.provider = p
     p.on_start.append(slurm.register)
+    p.on_start.append(service_started)
     agents = FakeAgents()
     home = tmp_path / "hphome"
     env = Env(provider=p, store=Store(home), slurm_factory=lambda prov, ctl: slurm, agents=agents)
@@ -669,6 +721,7 @@ def multi_world(tmp_path: Path, hosts: int = 3, cpus: int = 8, memory_mib: int =
     slurm = FakeSlurm()
     for e in engines.values():
         e.on_start.append(slurm.register)
+        e.on_start.append(service_started)
     mp = MultiHostProvider(engines, source)
     agents = FakeAgents()
     home = tmp_path / "hphome"

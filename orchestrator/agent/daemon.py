@@ -2,7 +2,9 @@
 CLI exits. Run as `python -m orchestrator.agent NAME` (process control: process.py).
 
 One process per cluster, started by `hp create` and restarted by any hp command that
-finds it gone. Per cluster rather than per host: a cluster's agent holds only that
+finds it gone. Beside provisioning it runs the recovery watcher, the cluster services'
+watch (a dead database or slurmdbd is brought back) and the loopback endpoints (metrics,
+the REST front: orchestrator/services). Per cluster rather than per host: a cluster's agent holds only that
 cluster's lock, so a crash or a slow Docker call in one cluster never stalls another,
 and deleting a cluster is just stopping its agent. An idle agent sleeps on a condition
 (woken by Docker events, SIGUSR1 from `hp scale`, or a slow resync).
@@ -32,7 +34,7 @@ from typing import Any
 from ..cluster.context import Cluster, Env
 from ..cluster.launcher import Launcher
 from ..errors import TRANSIENT, EngineError, EngineUnavailable, bug_signature, guarded, report_bug
-from ..naming import group_prefix
+from ..naming import SERVICE_HOSTS, group_prefix
 from ..slurm.model import SlurmNode
 from ..spec.model import InstanceGroup
 from ..state.phases import Phase
@@ -53,6 +55,7 @@ class Agent:
         self.wake = threading.Condition(threading.RLock())  # re-entrant: kicked from signal handlers
         self._woken = False
         self._bugs: dict[str, str] = {}  # group -> signature of the bug that stopped it (until the spec changes)
+        self._services: Any = None  # services/watch.ServiceWatch, once started
 
     def kick(self) -> None:
         with self.wake:
@@ -72,6 +75,8 @@ class Agent:
                 for ev in self.env.provider.events(self.name):
                     if ev.action in ("die", "start", "destroy", "oom", "create"):
                         self.kick()
+                    if ev.role in SERVICE_HOSTS and ev.action in ("die", "destroy", "pause") and self._services:
+                        self._services.kick()  # a cluster service stopped: the watch brings it back
                     if self.stop.is_set():
                         return
             except (EngineError, EngineUnavailable) as e:  # engine restarted: reconnect
@@ -91,6 +96,16 @@ class Agent:
 
         # a bug in the host watcher is reported; provisioning and recovery go on without it
         guarded(self.env.store, self.name, "the host watcher", log, HostWatch(self.env, self.name).run, self.stop)
+
+    def _cluster_services(self) -> None:
+        """Accounting and REST (services/): the watch that keeps them up, and the
+        loopback endpoints (metrics, the REST front)."""
+        from ..services.endpoints import Endpoints
+        from ..services.watch import ServiceWatch
+
+        guarded(self.env.store, self.name, "the metrics and REST endpoints", log, Endpoints(self.env, self.name).start)
+        self._services = ServiceWatch(self.env, self.name)
+        guarded(self.env.store, self.name, "the services watch", log, self._services.run, self.stop)
 
     def _gpu_watch(self) -> None:
         from .gpuwatch import GpuWatch
@@ -124,6 +139,7 @@ class Agent:
         threading.Thread(target=self._recovery, daemon=True, name="recovery").start()
         if env.multihost:  # hosts lost and back (hosts/watch.py)
             threading.Thread(target=self._hosts, daemon=True, name="hosts").start()
+        threading.Thread(target=self._cluster_services, daemon=True, name="services").start()
         from ..cluster.create import has_gpus
 
         if has_gpus(cluster.spec, env.catalogue):  # passive GPU monitoring (agent/gpuwatch.py)
@@ -261,7 +277,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0  # another agent holds this cluster
     pidf.write_text(str(os.getpid()))
     agent = Agent(env, name)
-    signal.signal(signal.SIGTERM, lambda *_: (agent.stop.set(), agent.kick()))
+    signal.signal(
+        signal.SIGTERM, lambda *_: (agent.stop.set(), agent.kick(), agent._services and agent._services.kick())
+    )
     signal.signal(signal.SIGUSR1, lambda *_: agent.kick())
     log.info("agent for cluster %s started (pid %d)", name, os.getpid())
     try:

@@ -1,6 +1,7 @@
 """`hp logs`: the evidence after a failure, one folder per node. Covers the nodes that
 exist, and those that recently existed or are waiting to (not every name ever
-recorded). The cluster's auth key never reaches a file."""
+recorded). The cluster's secrets (auth key, JWT key, database password) never reach a
+file."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 from ..cluster.context import Cluster, Env
 from ..docker.views import Container
 from ..errors import NotFound
+from ..naming import SERVICE_HOSTS
 from ..slurm.conf import render
 from ..state.phases import Phase
 
@@ -21,11 +23,13 @@ RECENT_S = 3600.0  # a node removed (on purpose) within the last hour still gets
 
 
 class LogWriter:
-    """Writes the files of a logs folder; the cluster's auth key never reaches a file."""
+    """Writes the files of a logs folder; the cluster's auth key (and `others`: the JWT
+    key, the database password) never reach a file."""
 
-    def __init__(self, root: Path, secret: bytes | None):
+    def __init__(self, root: Path, secret: bytes | None, others: list[bytes] | None = None):
         self.root = root
         self.secret = secret or None
+        self.others = [s for s in others or [] if len(s) >= 8]
         self.files: list[str] = []
 
     def write(self, rel: str, data: bytes | str) -> None:
@@ -33,6 +37,9 @@ class LogWriter:
         if self.secret:  # as bytes, and as a log shows binary bytes once decoded (U+FFFD for each bad byte)
             for form in {self.secret, self.secret.decode(errors="replace").encode()}:
                 raw = raw.replace(form, b"<hp: auth key removed>")
+        for other in self.others:
+            for form in {other, other.decode(errors="replace").encode()}:
+                raw = raw.replace(form, b"<hp: secret removed>")
         path = self.root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(raw)
@@ -65,10 +72,14 @@ def export_logs(env: Env, name: str, directory: Path, log: Log = lambda s: None)
     cluster = Cluster(env, name)
     key_path = env.store.home / "clusters" / name / "slurm.key"
     secret = key_path.read_bytes() if key_path.is_file() else None
-    w = LogWriter(directory, secret)
+    from ..services.accounting import secret_files
+
+    w = LogWriter(directory, secret, secret_files(env.store.home, name))
     directory.mkdir(parents=True, exist_ok=True)
     # from every host; a stale copy of a node (left on a host that came back) is not the node
-    by_node = {c.node or c.name: c for c in cluster.current(containers) if c.role != "check"}
+    current = cluster.current(containers)
+    by_node = {c.node or c.name: c for c in current if c.role != "check" and c.role not in SERVICE_HOSTS}
+    services = {SERVICE_HOSTS[c.role]: c for c in current if c.role in SERVICE_HOSTS}
     ctl = next((c for c in containers if c.role == "controller"), None)
     ctl_up = ctl is not None and ctl.running
     # Slurm through the controller found by its labels: also for leftovers with no record
@@ -78,6 +89,9 @@ def export_logs(env: Env, name: str, directory: Path, log: Log = lambda s: None)
     for node in nodes:
         log(f"collecting {node}")
         _node_logs(cluster, w, node, by_node.get(node), recorded.get(node), slurm)
+    for host, c in sorted(services.items()):  # accounting and REST: services/<host>/
+        log(f"collecting {host}")
+        _node_logs(cluster, w, f"services/{host}", c, None, None)
     if row is not None:
         w.json(
             "cluster.json",
@@ -98,7 +112,13 @@ def export_logs(env: Env, name: str, directory: Path, log: Log = lambda s: None)
     if slurm is not None:
         for fname, text in slurm.overview().items():
             w.write(fname, text)
-    return {"ClusterName": name, "Directory": str(directory), "Nodes": nodes, "Files": sorted(w.files)}
+    return {
+        "ClusterName": name,
+        "Directory": str(directory),
+        "Nodes": nodes,
+        "Services": sorted(services),
+        "Files": sorted(w.files),
+    }
 
 
 def _node_logs(

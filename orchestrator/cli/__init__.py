@@ -12,7 +12,7 @@ import sys
 import typer
 
 from ..errors import HpError
-from . import ci, cluster, health, hosts, images, recovery, scale
+from . import ci, cluster, health, hosts, images, recovery, scale, services
 from .common import EXIT_CODES
 from .output import Out
 
@@ -28,7 +28,7 @@ app = typer.Typer(
 
 
 def _register() -> None:
-    for m in (cluster, scale, health, recovery, ci, images, hosts):
+    for m in (cluster, scale, health, recovery, ci, images, hosts, services):
         for name, fn, *rest in getattr(m, "COMMANDS", ()):
             settings = rest[0] if rest else None
             help_text = rest[1] if len(rest) > 1 else None

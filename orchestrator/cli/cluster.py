@@ -32,6 +32,10 @@ def create(
         "--encrypt-network",
         help="Registered hosts only: an IPsec-encrypted overlay network, proven to carry traffic between the hosts.",
     ),
+    accounting: Optional[bool] = typer.Option(
+        None, "--accounting/--no-accounting", help="Slurm accounting: slurmdbd and MariaDB (overrides Accounting)."
+    ),
+    rest: Optional[bool] = typer.Option(None, "--rest/--no-rest", help="slurmrestd with JWT (overrides Rest)."),
     json_out: bool = JsonOpt,
 ) -> None:
     """Create a cluster: controller first, then login and compute groups in parallel."""
@@ -50,7 +54,7 @@ def create(
     static = load_catalogue()
     e = None if uses_only(raw, static, gpu_names=True) else env()
     catalogue = static if e is None else e.catalogue
-    spec = with_overrides(raw, catalogue, name=name, mode=mode, problems=problems)
+    spec = with_overrides(raw, catalogue, name=name, mode=mode, problems=problems, accounting=accounting, rest=rest)
     if dry_run:  # what hp would create; no state is made, and no engine is needed
         dry_run_check(e, spec, catalogue)
         out.json(spec.model_dump(exclude_none=True)) if json_out else out.info(
@@ -156,7 +160,22 @@ def describe(name: str, json_out: bool = JsonOpt) -> None:
         out.json(doc)
         return
     print_groups(out, doc)
+    print_services(doc)
     print(f"agent: {'restarted' if agent['Restarted'] else 'alive'} (pid {agent['Pid']})")
+
+
+def print_services(doc: dict[str, Any]) -> None:
+    """Accounting's health and the services' endpoints (docs/accounting.md)."""
+    for h in doc.get("SlurmHealth") or []:
+        why = f" ({h['Reason']})" if h.get("Reason") else ""
+        print(f"slurmdbd: {h['Status']}{why}: {h['Message']}")
+    if not doc.get("Accounting", {}).get("Enabled"):
+        print("accounting: off")
+    ends = doc.get("Endpoints") or {}
+    if doc.get("Rest", {}).get("Enabled"):
+        print(f"rest: {ends.get('Rest') or 'not served yet'} (hp api, hp token)")
+    if ends.get("Metrics"):
+        print(f"metrics: {ends['Metrics']}")
 
 
 def nodes(

@@ -10,6 +10,10 @@ host first (one stream from the local engine, fanned out); the network is a swar
 overlay (`--encrypt-network`: proven to carry traffic, else the create fails); each
 node is placed on a host (placement.py); the /home file server starts on the
 controller's host right after the controller.
+controller boots and started the moment it answers. With Accounting, the database starts
+first and boots while the other containers are created; slurmdbd starts once it is ready,
+and slurmctld right after slurmdbd (services/accounting.py); slurmrestd (Rest) starts
+with the nodes.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..errors import BadInput, HpError, LaunchError, OperationFailed, WaitTimeout
-from ..naming import container_name, labels, network_name, node_name, shared_volume, state_volume
+from ..naming import container_name, database_volume, labels, network_name, node_name, shared_volume, state_volume
+from ..services.accounting import CreateServices, controller_files, forget_secrets
 from ..slurm.conf import render
 from ..spec.model import ClusterSpec, InstanceGroup
 from ..state.phases import Phase
@@ -88,11 +93,14 @@ def has_gpus(spec: ClusterSpec, catalogue: dict) -> bool:
 
 def image_defs(spec: ClusterSpec, catalogue: dict | None = None, multihost: bool = False) -> tuple:
     """The node images; the check images when a group checks new nodes on start; the
-    GPU check image (checks and the passive GPU monitor) when a group has GPUs; with
-    registered hosts, the /home-mounting node image and the file server."""
-    from ..docker.images import CHECK_IMAGES, GPU_IMAGES, MULTIHOST_IMAGES, NODE_IMAGES
+    GPU check image (checks and the passive GPU monitor) when a group has GPUs; the service
+    images (Accounting, Rest); with registered hosts, the /home-mounting node image and
+    the file server."""
+    from ..docker.images import CHECK_IMAGES, GPU_IMAGES, MULTIHOST_IMAGES, NODE_IMAGES, SERVICE_IMAGES
 
-    defs = NODE_IMAGES + (MULTIHOST_IMAGES if multihost else ())
+    services = {"accounting": spec.accounting, "database": spec.accounting, "rest": spec.rest}
+    defs = NODE_IMAGES + tuple(d for d in SERVICE_IMAGES if services[d.name])
+    defs += MULTIHOST_IMAGES if multihost else ()
     defs += CHECK_IMAGES if any(g.OnStartDeepHealthChecks for g in spec.InstanceGroups) else ()
     return defs + (GPU_IMAGES if catalogue is not None and has_gpus(spec, catalogue) else ())
 
@@ -134,7 +142,8 @@ def create(env: Env, spec: ClusterSpec, opts: CreateOptions, progress: Progress 
     name = spec.ClusterName
     env.provider.ping()
     check_name_free(env, name)
-    spec = spec.model_copy(update={"MaxNodeCount": spec.max_nodes})  # fixed from now on (slurm.conf)
+    # fixed from now on (slurm.conf): the node slots, and whether the services run
+    spec = spec.model_copy(update={"MaxNodeCount": spec.max_nodes}).with_services_fixed()
     from .multihost import placement_problems
 
     problems = placement_problems(env, spec)
@@ -166,9 +175,11 @@ def _create_and_record(cluster: Cluster, images: dict[str, str], opts: CreateOpt
     env, name, spec = cluster.env, cluster.name, cluster.spec
     mode = "continuous" if spec.continuous else "all-or-nothing"
     env.store.event(name, "Cluster", "Info", f"Cluster {name} creation started ({mode} provisioning)")
+    services = CreateServices(cluster, images)
     try:
-        _create(cluster, images, opts, progress)
+        _create(cluster, images, opts, progress, services)
     except BaseException as e:  # every failure (^C too) ends in the one rollback path, then goes on up
+        services.settle()  # nothing may still be making a container while everything is removed
         msg = str(e) if isinstance(e, HpError) else f"{type(e).__name__}: {e}"
         if isinstance(e, KeyboardInterrupt):
             msg = "interrupted"
@@ -187,11 +198,18 @@ def rollback(cluster: Cluster, msg: str, retain: bool, progress: Progress) -> No
     progress.stage("rollback", "removing what was created")
     remove_resources(env.provider, name)
     cluster.key_path.unlink(missing_ok=True)  # nothing uses it any more
+    forget_secrets(cluster)
     env.store.set_status(name, "Failed", msg)
     env.store.event(name, "Cluster", "Info", f"Cluster {name} rolled back: no container, network or volume is left")
 
 
-def _create(cluster: Cluster, images: dict[str, str], opts: CreateOptions, progress: Progress) -> None:
+def _create(
+    cluster: Cluster,
+    images: dict[str, str],
+    opts: CreateOptions,
+    progress: Progress,
+    services: CreateServices | None = None,
+) -> None:
     env, spec, name, p = cluster.env, cluster.spec, cluster.name, cluster.p
     deadline = time.monotonic() + opts.timeout
     progress.stage("network", "network, volumes and auth key")
@@ -203,14 +221,20 @@ def _create(cluster: Cluster, images: dict[str, str], opts: CreateOptions, progr
     else:
         p.create_volume(state_volume(name), labels(name, "state"))
         p.create_volume(shared_volume(name), labels(name, "shared"))
+        if spec.accounting:
+            p.create_volume(database_volume(name), labels(name, "database"))
     cluster.make_key()
     launcher = Launcher(cluster, images)
 
-    progress.stage("controller", cluster.controller_host)
     conf = render(spec, env.catalogue).encode()
-    ctl_res = _start_controller(cluster, launcher, conf, images.get("fileserver"))
+    services = services or CreateServices(cluster, images)
+    if spec.accounting:
+        progress.stage("accounting", "database, then slurmdbd, before slurmctld")
+    services.begin(conf)  # the database boots while the other containers are created
+    progress.stage("controller", cluster.controller_host)
+    ctl_res = _start_controller(cluster, launcher, conf, images.get("fileserver"), start=not spec.accounting)
 
-    # While slurmctld boots, create every other node's container.
+    # While slurmctld boots (with Accounting: while the database boots), create every other node's container.
     wanted = [(g, i) for g in spec.InstanceGroups if g.node_type != "Controller" for i in range(1, g.InstanceCount + 1)]
     groups = {node_name(g.InstanceGroupName, i): g for g, i in wanted}
     for n in groups:
@@ -219,6 +243,11 @@ def _create(cluster: Cluster, images: dict[str, str], opts: CreateOptions, progr
     # registered hosts: nodes start at once (their entry mounts /home and waits for
     # slurmctld), so that their overlay attachment overlaps the controller's boot
     early = _start_early(launcher, created) if cluster.multihost else None
+    if spec.accounting:  # slurmctld registers the cluster with slurmdbd at its first start
+        services.accounting_up(deadline)
+        if err := launcher.start(ctl_res):
+            raise OperationFailed(f"controller {cluster.controller_host} could not be started: {err}")
+        services.accounting_ready()
     try:
         wait_controller(cluster, ctl_res, min(deadline, time.monotonic() + 60))
     except LaunchError as e:
@@ -238,6 +267,7 @@ def _create(cluster: Cluster, images: dict[str, str], opts: CreateOptions, progr
     )
 
     progress.stage("nodes", "starting login and compute nodes")
+    services.start_rest()
     outcome = LaunchOutcome()
     started_early = early.result() if early is not None else {}
     ids = [(n, r) for n, r in created.items() if isinstance(r, str) and n not in started_early]
@@ -307,10 +337,16 @@ def _in_service(cluster: Cluster) -> None:
     cluster.store.event(cluster.name, "Cluster", "Info", f"Cluster {cluster.name} is InService")
 
 
-def _start_controller(cluster: Cluster, launcher: Launcher, conf: bytes, fileserver: str | None = None) -> str:
+def _start_controller(
+    cluster: Cluster, launcher: Launcher, conf: bytes, fileserver: str | None = None, start: bool = True
+) -> str:
+    """Create the controller's container (with registered hosts, /home's file server on its
+    host meanwhile), and start it unless not `start` (with Accounting: started by the
+    caller once the database is ready and slurmdbd started)."""
     host = cluster.controller_host
     cluster.store.set_phase(cluster.name, host, Phase.QUEUED, "waiting for capacity")
-    res = launcher.create_many([(cluster.spec.controller, 1)], files={"slurm.conf": (conf, 0o644, 0)})
+    files = {"slurm.conf": (conf, 0o644, 0), **controller_files(cluster)}
+    res = launcher.create_many([(cluster.spec.controller, 1)], files=files)
     cid = res[host]
     if isinstance(cid, LaunchError):
         # no capacity for the controller's type, or its image is missing: fatal, whatever the mode
@@ -320,6 +356,11 @@ def _start_controller(cluster: Cluster, launcher: Launcher, conf: bytes, fileser
         ex = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hp-fileserver")
         fs = ex.submit(ensure_fileserver, cluster, fileserver)
         ex.shutdown(wait=False)
+    if not start:
+        if fs is not None:
+            fs.result()
+        cluster.store.set_phase(cluster.name, host, Phase.LAUNCHING, "container created")
+        return cid
     err = launcher.start(cid)
     if fs is not None:
         fs.result()

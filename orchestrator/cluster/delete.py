@@ -89,6 +89,9 @@ def delete(env: Env, name: str) -> dict[str, int]:
     if row is not None:
         env.store.event(name, "Cluster", "Info", f"Cluster {name} deleted")
         env.store.remove_cluster(name)
+        from ..services.endpoints import forget
+
+        forget(env.store, name)  # the agent's loopback ports
         shutil.rmtree(env.store.home / "clusters" / name, ignore_errors=True)
         env.store.prune()
     return removed

@@ -77,6 +77,23 @@ def describe(env: Env, name: str) -> dict[str, Any]:
         "ControllerReachable": up,
         "SlurmControllerHost": cluster.controller_host,
         "InstanceGroups": group_views(spec, nodes, active_ops(env, name)),
+        **services_view(cluster),
+    }
+
+
+def services_view(cluster: Cluster) -> dict[str, Any]:
+    """The cluster services: Accounting and Rest as set, slurmdbd's health
+    (SlurmHealthMetadata) and the agent's loopback endpoints."""
+    from ..services.accounting import health
+    from ..services.endpoints import url
+
+    spec, store = cluster.spec, cluster.store
+    rest = url(store, cluster.name, "rest") if spec.rest else None
+    return {
+        "Accounting": {"Enabled": spec.accounting},
+        "Rest": {"Enabled": spec.rest},
+        "SlurmHealth": [health(cluster).as_dict()] if spec.accounting else [],
+        "Endpoints": {"Rest": rest, "Metrics": url(store, cluster.name, "metrics")},
     }
 
 

@@ -286,8 +286,10 @@ class DockerEngine:
         if spec.memory_bytes:
             host_kw["mem_limit"] = spec.memory_bytes
             host_kw["memswap_limit"] = spec.memory_bytes
-        if spec.ports:
+        if spec.ports:  # a host port 0: the engine picks a free one
             host_kw["port_bindings"] = {p: hp for p, hp in spec.ports.items()}
+        if spec.restart_policy:
+            host_kw["restart_policy"] = {"Name": spec.restart_policy}
         if spec.cap_add:
             host_kw["cap_add"] = spec.cap_add
         if spec.security_opt:
@@ -429,6 +431,7 @@ class DockerEngine:
                 memory_bytes=int(hc.get("Memory") or 0),
             ),
             host=self.name,
+            ports=_published((d.get("NetworkSettings") or {}).get("Ports") or {}),
         )
 
     def logs(self, container: str, tail: int | str = "all") -> str:
@@ -679,6 +682,18 @@ def _ignore_missing() -> Iterator[None]:
 
 def _label_filter(cluster: str | None) -> str:
     return f"{L_CLUSTER}={cluster}" if cluster else f"{L_MANAGED}=1"
+
+
+def _published(ports: dict[str, Any]) -> dict[int, tuple[str, int]]:
+    """NetworkSettings.Ports ({"6820/tcp": [{"HostIp": "127.0.0.1", "HostPort": "49153"}]})."""
+    out = {}
+    for key, binds in ports.items():
+        for b in binds or []:
+            port = str(b.get("HostPort") or "")
+            if port.isdigit() and key.split("/")[0].isdigit():
+                out[int(key.split("/")[0])] = (str(b.get("HostIp") or ""), int(port))
+                break
+    return out
 
 
 def _short(e: object) -> str:

@@ -36,7 +36,7 @@ def mirror() -> str:
 
 @dataclass(frozen=True)
 class ImageDef:
-    name: str  # logical name: controller, login, worker, check-cpu, check-gpu, login-mh, worker-mh, fileserver
+    name: str  # logical name: controller, login, worker, accounting, rest, database, check-cpu, check-gpu, node-mh, fileserver
     context: str  # folder under orchestrator/data/images
     target: str | None
     parent: str | None = None  # built FROM this image of hp's (build argument PARENT); its tag is in the hash
@@ -50,12 +50,19 @@ NODE_IMAGES = (
     ImageDef("login", "node", "login"),
     ImageDef("worker", "node", "worker"),
 )
+# The cluster services (Accounting, Rest in the spec): slurmdbd and slurmrestd are thin
+# targets on the node images' shared stage; MariaDB has its own stage.
+SERVICE_IMAGES = (
+    ImageDef("accounting", "node", "accounting"),
+    ImageDef("rest", "node", "rest"),
+    ImageDef("database", "node", "database"),
+)
 CHECK_IMAGES = (ImageDef("check-cpu", "check-cpu", None),)
 # The GPU check image (CuPy, nvidia-ml-py, CUDA and NCCL wheels from PyPI: ~2.2 GB, a
 # build of about a minute) is built only where it is needed: by `hp create` of a cluster
 # with GPU types, or `hp images build --gpu`. Not in ALL_IMAGES (`hp images build`).
 GPU_IMAGES = (ImageDef("check-gpu", "check-gpu", None),)
-ALL_IMAGES = NODE_IMAGES + CHECK_IMAGES
+ALL_IMAGES = NODE_IMAGES + SERVICE_IMAGES + CHECK_IMAGES
 # Only with registered hosts (multi-host clusters): the worker image plus a GlusterFS
 # client, run by login and compute nodes (HP_ROLE set per container), which mount /home
 # from the cluster's file server; and that server, built on it (the layers they share
@@ -65,7 +72,7 @@ MULTIHOST_IMAGES = (
     ImageDef("node-mh", "node-mh", None, parent="worker"),
     ImageDef("fileserver", "fileserver", None, parent="node-mh"),
 )
-_BY_NAME = {d.name: d for d in NODE_IMAGES + CHECK_IMAGES + GPU_IMAGES + MULTIHOST_IMAGES}
+_BY_NAME = {d.name: d for d in NODE_IMAGES + SERVICE_IMAGES + CHECK_IMAGES + GPU_IMAGES + MULTIHOST_IMAGES}
 
 
 def context_hash(ctx: Path) -> str:

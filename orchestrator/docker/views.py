@@ -126,6 +126,7 @@ class ContainerDetails:
     state: ContainerState
     limits: Limits
     host: str = ""
+    ports: dict[int, tuple[str, int]] = field(default_factory=dict)  # published: container port -> (host ip, port)
 
 
 @dataclass(frozen=True)
@@ -217,7 +218,9 @@ class ContainerSpec:
     memory_bytes: int | None = None
     gpus: GpuWiring | None = None
     command: list[str] | None = None
-    ports: dict[int, tuple[str, int]] = field(default_factory=dict)  # container port -> (host ip, host port)
+    ports: dict[int, tuple[str, int]] = field(
+        default_factory=dict
+    )  # container port -> (host ip, host port; 0: any free)
     cap_add: list[str] = field(default_factory=list)
     devices: list[str] = field(default_factory=list)  # "src:dst:rwm"
     security_opt: list[str] = field(default_factory=list)
@@ -227,6 +230,7 @@ class ContainerSpec:
     # that the engine must create on that host when missing.
     host: str = ""
     volume_labels: dict[str, dict[str, str]] = field(default_factory=dict)
+    restart_policy: str | None = None  # Docker's: "unless-stopped", "on-failure"...; None: never
 
 
 class EventStream(Protocol):

@@ -137,6 +137,16 @@ class Records:
         opts = {**(r.options if r else {}), "verdicts": verdicts, "results": results}
         self.s.execute("UPDATE health_requests SET options=? WHERE id=?", (json.dumps(opts), rid))
 
+    def summary(self, cluster: str) -> list[tuple[str, str, int, float]]:
+        """(check, state, number of results, seconds they took in all) of the cluster's
+        results that ended (for metrics)."""
+        rows = self.s.execute(
+            "SELECT check_name, state, COUNT(*), COALESCE(SUM(ended - started), 0) FROM health_results "
+            "WHERE cluster=? AND ended IS NOT NULL AND started IS NOT NULL GROUP BY check_name, state",
+            (cluster,),
+        )
+        return [(r[0], r[1], int(r[2]), float(r[3])) for r in rows]
+
     def set_pid(self, rid: str, pid: int) -> None:
         self.s.execute("UPDATE health_requests SET pid=? WHERE id=?", (pid, rid))
 

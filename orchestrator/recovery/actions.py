@@ -109,6 +109,11 @@ def reboot(cluster: Cluster, node: str, reason: str, wait: float = 60.0, keep_dr
                 pass  # the controller does not answer: the node registers anew
         else:
             _forget(cluster, t)
+        if t.role == "controller":  # never (re)start slurmctld while slurmdbd is unreachable
+            from ..services.accounting import before_controller_start
+
+            if done := before_controller_start(cluster, wait):
+                _event(cluster, t, "Info", f"waits for accounting first: {'; '.join(done)}")
         if t.container.state in ("running", "paused"):  # a restart also thaws a frozen one
             cluster.p.restart(t.container.id, timeout=2)
         else:

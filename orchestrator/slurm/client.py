@@ -13,7 +13,18 @@ from typing import Protocol, runtime_checkable
 
 from ..docker.provider import Provider
 from ..errors import EngineError, OperationFailed
-from .model import JobInfo, SlurmNode, parse_jobs, parse_nodes
+from .model import (
+    AccountingPing,
+    AcctJob,
+    JobInfo,
+    SlurmNode,
+    parse_accounting_ping,
+    parse_job_states,
+    parse_jobs,
+    parse_nodes,
+    parse_sacct,
+    parse_token,
+)
 
 
 @runtime_checkable
@@ -53,6 +64,22 @@ class Slurm(Protocol):
 
     def overview(self) -> dict[str, str]:
         """`sinfo -N -l` and `squeue -a -l` texts, for logs."""
+
+    def job_states(self) -> dict[tuple[str, str], int]:
+        """Jobs slurmctld knows (also those that ended in the last MinJobAge seconds), by
+        (state, partition). OperationFailed when it does not answer."""
+
+    def accounting_ping(self) -> AccountingPing:
+        """Does slurmdbd answer the controller (within 2 s), and is its database reachable?"""
+
+    def sacct(self, job_ids: list[int], container: str | None = None) -> list[AcctJob]:
+        """Jobs' records in accounting (state, exit code), from the controller or `container`."""
+
+    def clusters(self) -> list[str]:
+        """The clusters registered in accounting (as Slurm names them: lower case)."""
+
+    def token(self, user: str, lifespan: int) -> str:
+        """A JWT for `user`, valid `lifespan` seconds (needs AuthAltTypes=auth/jwt)."""
 
 
 class SlurmCli:
@@ -147,6 +174,34 @@ class SlurmCli:
             return self.p.exec(self.controller, ["scontrol", "show", "node", node]).output
         except EngineError as e:
             return f"scontrol show node {node}: {e}\n"
+
+    def job_states(self) -> dict[tuple[str, str], int]:
+        return parse_job_states(self._run("squeue", "-h", "-a", "-t", "all", "-o", "%T|%P"))
+
+    def accounting_ping(self) -> AccountingPing:
+        try:
+            res = self.p.exec(self.controller, ["timeout", "2", "sacctmgr", "ping"])
+        except EngineError as e:  # the controller's container is not running
+            raise OperationFailed(f"sacctmgr ping: {e}") from None
+        return parse_accounting_ping(res.exit_code, res.output)
+
+    def sacct(self, job_ids: list[int], container: str | None = None) -> list[AcctJob]:
+        ids = ",".join(str(int(j)) for j in job_ids)
+        cmd = ["sacct", "-n", "-X", "-P", "-o", "JobID,State,ExitCode", "-j", ids]
+        try:
+            res = self.p.exec(container or self.controller, cmd)
+        except EngineError as e:
+            raise OperationFailed(f"sacct: {e}") from None
+        if res.exit_code != 0:
+            raise OperationFailed(f"sacct failed ({res.exit_code}): {res.output.strip()[:300]}")
+        return parse_sacct(res.output)
+
+    def clusters(self) -> list[str]:
+        out = self._run("sacctmgr", "-n", "-P", "show", "cluster", "format=cluster")
+        return [line.strip() for line in out.splitlines() if line.strip()]
+
+    def token(self, user: str, lifespan: int) -> str:
+        return parse_token(self._run("scontrol", "token", f"username={user}", f"lifespan={int(lifespan)}"))
 
     def overview(self) -> dict[str, str]:
         out = {}

@@ -6,11 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from string import Template
 
-from ..naming import node_name
+from ..naming import SERVICE_HOSTS, node_name
 from ..spec.catalogue import InstanceType
 from ..spec.model import ClusterSpec
 
 TEMPLATE = Path(__file__).resolve().parent.parent / "data" / "slurm.conf.tmpl"
+SERVICES = Path(__file__).resolve().parent.parent / "data" / "services"
 SLURMD_TIMEOUT = 30  # hp watches Docker events itself; Slurm's own detection is a backstop
 
 
@@ -49,4 +50,38 @@ def render(spec: ClusterSpec, catalogue: dict[str, InstanceType]) -> str:
         gres_types="GresTypes=gpu" if gpu else "",
         nodesets="\n".join(nodesets),
         partitions="\n".join(partitions),
+        accounting=accounting_lines(spec.accounting),
+        rest=rest_lines(spec.rest),
+    )
+
+
+def _part(name: str, **values: str) -> str:
+    return Template((SERVICES / name).read_text()).substitute(**values).strip()
+
+
+def accounting_lines(enabled: bool) -> str:
+    """slurm.conf's accounting lines: slurmdbd storage and a gather plugin that works in
+    containers; without accounting, no gathering."""
+    if not enabled:
+        return _part("slurm.conf.noaccounting")
+    return _part("slurm.conf.accounting", dbd_host=SERVICE_HOSTS["accounting"])
+
+
+def rest_lines(enabled: bool) -> str:
+    """slurm.conf's (and slurmdbd.conf's) JWT lines: the key that checks REST tokens."""
+    return _part("slurm.conf.rest") if enabled else ""
+
+
+def slurmdbd_conf(spec: ClusterSpec, db_password: str) -> str:
+    """slurmdbd.conf (mode 0600: it holds the database password)."""
+    return (
+        _part(
+            "slurmdbd.conf.tmpl",
+            cluster=spec.ClusterName,
+            auth_alt=rest_lines(spec.rest),
+            dbd_host=SERVICE_HOSTS["accounting"],
+            db_host=SERVICE_HOSTS["database"],
+            db_password=db_password,
+        )
+        + "\n"
     )

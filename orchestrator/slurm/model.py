@@ -168,6 +168,66 @@ class JobInfo:
         return self.exit_code or 1
 
 
+# -- accounting and tokens -------------------------------------------------------------
+DB_UNREACHABLE = "Unable to connect to database"  # slurmdbd answers, its database does not
+
+
+@dataclass(frozen=True)
+class AccountingPing:
+    """`sacctmgr ping` from the controller: slurmdbd answered UP; or not, and whether it
+    said its database is unreachable, or did not answer at all (timed out)."""
+
+    up: bool
+    db_unreachable: bool
+    timed_out: bool
+    message: str
+
+
+def parse_accounting_ping(exit_code: int, output: str) -> AccountingPing:
+    text = output.strip()
+    up = exit_code == 0 and " is UP" in text
+    last = text.splitlines()[-1] if text else ""
+    msg = "slurmdbd answers" if up else (last or f"no answer (exit {exit_code})")
+    return AccountingPing(up, not up and DB_UNREACHABLE in text, exit_code == 124, msg[:300])
+
+
+@dataclass(frozen=True)
+class AcctJob:
+    """A job's record in accounting (sacct): its final state and exit code (code:signal)."""
+
+    job_id: str
+    state: str
+    exit_code: str
+
+
+def parse_sacct(text: str) -> list[AcctJob]:
+    """`sacct -n -X -P -o JobID,State,ExitCode` lines."""
+    out = []
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 3 and parts[0]:
+            out.append(AcctJob(parts[0], parts[1].split(" ")[0], parts[2]))
+    return out
+
+
+def parse_token(text: str) -> str:
+    """`scontrol token` prints SLURM_JWT=<token>."""
+    for line in text.splitlines():
+        if line.startswith("SLURM_JWT="):
+            return line.split("=", 1)[1].strip()
+    raise OperationFailed(f"no token in Slurm's answer: {text.strip()[:200]!r}")
+
+
+def parse_job_states(text: str) -> dict[tuple[str, str], int]:
+    """`squeue -h -o %T|%P` lines -> (state, partition) -> number of jobs."""
+    out: dict[tuple[str, str], int] = {}
+    for line in text.splitlines():
+        state, _, part = line.strip().partition("|")
+        if state:
+            out[(state, part)] = out.get((state, part), 0) + 1
+    return out
+
+
 def parse_nodes(text: str) -> list[SlurmNode]:
     """Parse `scontrol show nodes --json`."""
     doc = _load(text)

@@ -399,6 +399,13 @@ class Store:
             )
         ]
 
+    def phase_counts(self, cluster: str) -> dict[tuple[str, str], int]:
+        """(node, phase) -> how many times the node entered it (within the kept history)."""
+        rows = self._x(
+            "SELECT node, status, COUNT(*) FROM node_status WHERE cluster=? GROUP BY node, status", (cluster,)
+        )
+        return {(r[0], r[1]): int(r[2]) for r in rows}
+
     _LATEST = (
         "SELECT node, status, message, time FROM node_status WHERE id IN "
         "(SELECT MAX(id) FROM node_status WHERE cluster=? GROUP BY node)"

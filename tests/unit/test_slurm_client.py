@@ -305,3 +305,48 @@ def test_show_node_and_overview_are_texts_even_when_slurm_cannot_answer() -> Non
     assert s.show_node("cpu-1").startswith("scontrol show node cpu-1: run scontrol in")
     ov = s.overview()
     assert ov["sinfo.txt"].startswith("sinfo -N -l: run sinfo in") and "not running" in ov["squeue.txt"]
+
+
+def test_accounting_and_token_commands_and_their_answers() -> None:
+    """Answers as Slurm 24.11 gives them on an hp cluster with accounting and REST."""
+    s, p = slurm(
+        answers(
+            {
+                "timeout 2 sacctmgr ping": (0, "slurmdbd(primary) at slurmdbd is UP\n"),
+                "sacct -n -X -P -o JobID,State,ExitCode -j 1,2": (0, "1|COMPLETED|0:0\n2|FAILED|3:0\n"),
+                "sacctmgr -n -P show cluster format=cluster": (0, "lab\n"),
+                "scontrol token username=hpuser lifespan=60": (0, "SLURM_JWT=eyJh.eyJl.c2ln\n"),
+                "squeue -h -a -t all -o %T|%P": (0, "RUNNING|cpu\nCOMPLETED|dev\nRUNNING|cpu\n"),
+            }
+        )
+    )
+    assert s.accounting_ping().up
+    assert [(j.job_id, j.state, j.exit_code) for j in s.sacct([1, 2])] == [
+        ("1", "COMPLETED", "0:0"),
+        ("2", "FAILED", "3:0"),
+    ]
+    assert s.clusters() == ["lab"] and s.token("hpuser", 60) == "eyJh.eyJl.c2ln"
+    assert s.job_states() == {("RUNNING", "cpu"): 2, ("COMPLETED", "dev"): 1}
+    assert {c for c, _, _ in p.execs} == {CTL}
+    s, _ = slurm(
+        answers(
+            {
+                "timeout 2 sacctmgr ping": (
+                    1,
+                    "sacctmgr: error: Sending PersistInit msg: Unable to connect to database\n"
+                    "slurmdbd(primary) at slurmdbd is DOWN\n",
+                ),
+                "sacct -n -X -P -o JobID,State,ExitCode -j 1": (
+                    1,
+                    "sacct: error: Problem talking to the database: Unable to connect to database\n",
+                ),
+            }
+        )
+    )
+    ping = s.accounting_ping()
+    assert not ping.up and ping.db_unreachable
+    with pytest.raises(OperationFailed, match="Unable to connect to database"):
+        s.sacct([1])
+    s, _ = slurm(running=())  # the controller's container is not running
+    with pytest.raises(OperationFailed):
+        s.accounting_ping()

@@ -1,0 +1,119 @@
+"""The agent's loopback endpoints of a cluster: metrics (always) and the REST front
+(with Rest). Each listens on 127.0.0.1 on a port recorded in the store, so that the URLs
+`hp metrics` and `hp api` print stay the same when the agent restarts (a port taken
+meanwhile by another program is replaced by a free one, and recorded)."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from typing import Any
+
+from ..cluster.context import Cluster, Env
+from ..errors import EngineError, OperationFailed
+from ..naming import service_container
+from ..state.store import Store
+from .accounting import REST_PORT, jwt_key
+
+log = logging.getLogger("hp.agent")
+
+KINDS = ("metrics", "rest")
+
+
+def _key(kind: str, name: str) -> str:
+    return f"endpoint.{kind}:{name}"
+
+
+def url(store: Store, name: str, kind: str) -> str | None:
+    """The endpoint's URL as last recorded (None: never served)."""
+    port = store.get(_key(kind, name))
+    if not port:
+        return None
+    return f"http://127.0.0.1:{port}" + ("/metrics" if kind == "metrics" else "")
+
+
+def forget(store: Store, name: str) -> None:
+    for kind in KINDS:
+        store.put(_key(kind, name), None)
+
+
+def listening(store: Store, name: str, kind: str) -> bool:
+    port = store.get(_key(kind, name))
+    if not port:
+        return False
+    try:
+        socket.create_connection(("127.0.0.1", int(port)), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
+
+
+def wait_url(store: Store, name: str, kind: str, timeout: float = 15.0) -> str:
+    """The URL once the agent listens on it (it may have just been started)."""
+    deadline = time.monotonic() + timeout
+    while not listening(store, name, kind):
+        if time.monotonic() > deadline:
+            raise OperationFailed(
+                f"the agent of cluster {name!r} does not serve its {kind} endpoint (see its log: "
+                f"{store.home / 'clusters' / name / 'agent.log'})"
+            )
+        time.sleep(0.1)
+    u = url(store, name, kind)
+    assert u is not None
+    return u
+
+
+class Endpoints:
+    """Started by the agent: the servers, on daemon threads."""
+
+    def __init__(self, env: Env, name: str):
+        self.env = env
+        self.name = name
+        self.cluster = Cluster(env, name)
+        self.servers: list[Any] = []
+        self._upstream: tuple[str, int] | None = None
+
+    def _bind(self, kind: str, make: Any) -> Any:
+        store = self.env.store
+        want = int(store.get(_key(kind, self.name)) or 0)
+        try:
+            srv = make(want)
+        except OSError as e:  # the recorded port is taken: another one, recorded
+            log.warning("%s endpoint: port %d: %s; taking a free port", kind, want, e)
+            srv = make(0)
+        store.put(_key(kind, self.name), str(srv.server_address[1]))
+        self.servers.append(srv)
+        return srv
+
+    def start(self) -> None:
+        from prometheus_client import start_http_server
+
+        from .metrics import registry
+
+        reg = registry(self.cluster)
+        self._bind("metrics", lambda port: start_http_server(port, addr="127.0.0.1", registry=reg)[0])
+        if self.cluster.spec.rest:
+            from .front import Front
+
+            front = self._bind("rest", lambda port: Front(port, lambda: jwt_key(self.cluster), self.upstream))
+            front.serve_in_thread()
+        log.info("endpoints: %s", ", ".join(f"{k} {url(self.env.store, self.name, k)}" for k in KINDS))
+
+    def upstream(self, again: bool) -> tuple[str, int]:
+        """slurmrestd's published port on this host (looked up in Docker, then kept)."""
+        if self._upstream is None or again:
+            try:
+                d = self.env.provider.inspect(service_container(self.name, "rest"))
+            except EngineError as e:
+                raise ConnectionError(f"slurmrestd's container: {e}") from None
+            ip, port = d.ports.get(REST_PORT, ("", 0))
+            if not port:
+                raise ConnectionError("slurmrestd's port is not published (is its container running?)")
+            self._upstream = (ip if ip not in ("", "0.0.0.0") else "127.0.0.1", port)
+        return self._upstream
+
+    def close(self) -> None:
+        for s in self.servers:
+            s.shutdown()
+            s.server_close()

@@ -1,0 +1,126 @@
+"""The agent's watch over a cluster's services (run as `ServiceWatch(env, name).run(stop)`):
+
+- a service container that stopped (killed, exited, removed) is brought back at once,
+  in order: the database, then slurmdbd (then slurmctld may restart: recovery waits for
+  this), then slurmrestd. Docker's restart policy already restarts a process that died
+  inside its container; a container stopped through the engine is the watch's to start;
+- accounting's health (Healthy, or Unhealthy with DaemonDown / DbUnreachable) is checked
+  every POLL_S; each change is an `hp events` entry; a service that is running but does
+  not answer for HUNG_AFTER_S is restarted.
+
+Whatever NodeRecovery says: the services are the cluster's infrastructure, not nodes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from ..cluster.context import Cluster, Env
+from ..errors import TRANSIENT, OperationFailed
+from ..naming import SERVICE_HOSTS
+from .accounting import DAEMON_DOWN, Health, ensure_up, health, restart, roles, service_containers
+
+log = logging.getLogger("hp.services")
+
+POLL_S = 2.0  # the containers' states (one list call)
+HEALTH_EVERY_S = 10.0  # accounting's health (sacctmgr ping: one exec)
+HUNG_AFTER_S = 30.0
+SETTLE_S = 0.5  # after an event or a death, give the engine's state and Docker's restart policy a moment
+BACKOFF_S = 30.0
+HANDS_OFF = ("Deleting", "RollingBack", "Failed")
+
+
+class ServiceWatch:
+    def __init__(self, env: Env, name: str):
+        self.env = env
+        self.name = name
+        self.cluster = Cluster(env, name)
+        self.kicked = threading.Event()
+        self.last: Health | None = None
+        self.unhealthy_since: float | None = None
+        self.retry_at = 0.0
+
+    def kick(self) -> None:
+        """A service container's event (die, stop...): look now."""
+        self.kicked.set()
+
+    def run(self, stop: threading.Event) -> None:
+        next_health = 0.0
+        while not stop.is_set():
+            now = time.monotonic()
+            try:
+                self.step(now, check_health=now >= next_health)
+            except TRANSIENT as e:  # the engine or Slurm did not answer: next round
+                log.warning("services of %s: %s", self.name, e)
+            if now >= next_health:
+                next_health = now + HEALTH_EVERY_S
+            if self.kicked.wait(POLL_S):
+                self.kicked.clear()
+                time.sleep(SETTLE_S)
+
+    def _event(self, level: str, text: str) -> None:
+        self.env.store.event(self.name, "Cluster", level, f"Cluster {self.name}: {text}")
+
+    def step(self, now: float | None = None, check_health: bool = True) -> None:
+        row = self.env.store.cluster(self.name)
+        if row is None or row.status in HANDS_OFF:
+            return
+        self.cluster.reload()
+        wanted = roles(self.cluster)
+        if not wanted:
+            return
+        now = time.monotonic() if now is None else now
+        down = self._down(wanted)
+        if down and now >= self.retry_at:
+            time.sleep(SETTLE_S)
+            down = self._down(wanted)
+        if down and now >= self.retry_at:
+            names = ", ".join(f"{SERVICE_HOSTS[r]} ({why})" for r, why in down.items())
+            self._event("Warn", f"{names} down: starting it again")
+            t0 = time.monotonic()
+            try:
+                done = ensure_up(self.cluster)
+            except OperationFailed as e:
+                self.retry_at = now + BACKOFF_S
+                self._event("Error", f"could not bring {names} back (tried again in {BACKOFF_S:g} s): {e}")
+                return
+            self._event("Info", f"{'; '.join(done) or 'services'}: back in {time.monotonic() - t0:.1f} s")
+        if self.cluster.spec.accounting and check_health:
+            self._health(now)
+
+    def _down(self, wanted: list[str]) -> dict[str, str]:
+        svc = service_containers(self.cluster)
+        out = {}
+        for r in wanted:
+            c = svc.get(r)
+            if c is None:
+                out[r] = "no container"
+            elif not c.running and c.state != "restarting":
+                out[r] = f"container {c.state}" + (f", exit {c.exit_code}" if c.dead else "")
+        return out
+
+    def _health(self, now: float) -> None:
+        h = health(self.cluster)
+        prev, self.last = self.last, h
+        if prev is None or (prev.status, prev.reason) != (h.status, h.reason):
+            if h.healthy:
+                if prev is not None:
+                    self._event("Info", "slurmdbd is Healthy again")
+            else:
+                self._event("Warn", f"slurmdbd is Unhealthy ({h.reason}): {h.message}")
+        if h.healthy:
+            self.unhealthy_since = None
+            return
+        self.unhealthy_since = self.unhealthy_since if self.unhealthy_since is not None else now
+        if now - self.unhealthy_since < HUNG_AFTER_S or now < self.retry_at:
+            return
+        role = "accounting" if h.reason == DAEMON_DOWN else "database"
+        self._event("Warn", f"{SERVICE_HOSTS[role]} runs but does not answer: restarting it")
+        try:
+            self._event("Info", restart(self.cluster, role))
+            self.unhealthy_since = None
+        except OperationFailed as e:
+            self.retry_at = now + BACKOFF_S
+            self._event("Error", f"restarting {SERVICE_HOSTS[role]} failed: {e}")

@@ -1,0 +1,239 @@
+"""Issue 12 on real containers: Slurm accounting (slurmdbd + MariaDB), slurmrestd with JWT
+behind hp's verifying front, the Prometheus endpoint, and accounting's health and
+recovery. One cluster (controller, login, 2 workers, Accounting and Rest) serves the
+module's tests, in order; the fault test comes last."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Hp, small_spec, write_spec
+
+from orchestrator.docker.engine import DockerEngine
+from orchestrator.services import jwt
+
+API = "slurm/v0.0.42"
+
+
+@pytest.fixture(scope="module")
+def lab(docker_ok: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Hp, str]]:
+    home = tmp_path_factory.mktemp("hphome")
+    h = Hp(home)
+    name = h.name("acct")
+    doc = small_spec(name, [("cpu", "cpu.nano", 2)], Rest={"Enabled": True})
+    spec = write_spec(home / "spec.json", doc)
+    t0 = time.monotonic()
+    h("create", "-f", str(spec), "--timeout", "180", check=True)
+    print(f"create with accounting and REST: {time.monotonic() - t0:.1f} s")
+    try:
+        yield h, name
+    finally:
+        log = home / "clusters" / name / "agent.log"
+        if log.exists():
+            print(f"--- agent log\n{log.read_text()[-3000:]}")
+        h.cleanup()
+
+
+def sh(h: Hp, name: str, script: str, check: bool = True) -> str:
+    """A shell script on the login node as hpuser, in its home (jobs need a writable cwd)."""
+    r = h("exec", name, "--", "bash", "-c", f"cd ~ && {script}", check=check)
+    return r.stdout
+
+
+def http(url: str, method: str = "GET", token: str | None = None, body: Any = None) -> tuple[int, Any]:
+    req = urllib.request.Request(url, method=method, data=json.dumps(body).encode() if body is not None else None)
+    req.add_header("X-SLURM-USER-NAME", "hpuser")
+    if token is not None:
+        req.add_header("X-SLURM-USER-TOKEN", token)
+    if body is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        data = e.read()
+        try:
+            return e.code, json.loads(data)
+        except ValueError:
+            return e.code, data.decode(errors="replace")
+
+
+SACCT_AFTER_END = r"""
+for code in 0 3; do
+  id=$(sbatch --parsable -o /dev/null --wrap "sleep 1; date +%s.%N > end-$code; exit $code")
+  while :; do
+    s=$(sacct -n -X -P -j "$id" -o State,ExitCode 2>/dev/null | head -1)
+    case "$s" in COMPLETED*|FAILED*|CANCELLED*|TIMEOUT*|NODE_FAIL*) break;; esac
+    sleep 0.05
+  done
+  echo "$id $code $(cat end-$code) $(date +%s.%N) $s"
+done
+"""
+
+
+def test_sacct_shows_state_and_exit_code_within_2_s_of_the_end(lab: tuple[Hp, str]) -> None:
+    h, name = lab
+    rows = [line.split() for line in sh(h, name, SACCT_AFTER_END).splitlines() if line.strip()]
+    assert len(rows) == 2, rows
+    got = {code: (state, float(seen) - float(end)) for _, code, end, seen, state in rows}
+    print(f"sacct row after the job's last instruction: {got}")
+    assert got["0"][0] == "COMPLETED|0:0" and got["3"][0] == "FAILED|3:0", got
+    assert all(delay < 2.0 for _, delay in got.values()), got
+    # the cluster registered itself (Slurm lower-cases the name)
+    assert name.lower() in sh(h, name, "sacctmgr -n -P show cluster format=cluster").split()
+    doc = h.json("describe", name)
+    assert doc["Accounting"] == {"Enabled": True}
+    assert doc["SlurmHealth"] == [
+        {"Component": "Slurmdbd", "Status": "Healthy", "Message": "slurmdbd answers and reaches its database"}
+    ]
+
+
+def test_rest_with_a_token_and_401_for_bad_ones(lab: tuple[Hp, str]) -> None:
+    h, name = lab
+    url = h("api", name, check=True).stdout.strip()
+    assert url.startswith("http://127.0.0.1:")
+    tok = h("token", name, "--lifespan", "300", check=True).stdout.strip()
+    status, doc = http(f"{url}/{API}/ping", token=tok)
+    assert status == 200 and doc["pings"][0]["pinged"] == "UP", doc
+    status, doc = http(f"{url}/{API}/nodes", token=tok)
+    assert status == 200 and {n["name"] for n in doc["nodes"]} == {"cpu-1", "cpu-2"}
+    job = {
+        "script": "#!/bin/sh\nsleep 120\n",
+        "job": {
+            "name": "rest-job",
+            "partition": "cpu",
+            "current_working_directory": "/home/hpuser",
+            "environment": ["PATH=/usr/bin:/bin"],
+        },
+    }
+    status, doc = http(f"{url}/{API}/job/submit", "POST", tok, job)
+    assert status == 200 and doc["errors"] == [], doc
+    jid = doc["job_id"]
+    deadline = time.monotonic() + 30
+    while True:  # submitted and listed, then running
+        status, doc = http(f"{url}/{API}/jobs", token=tok)
+        states = {j["job_id"]: j["job_state"] for j in doc["jobs"]}
+        if states.get(jid) == ["RUNNING"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert states.get(jid) == ["RUNNING"], states
+    status, doc = http(f"{url}/{API}/job/{jid}", "DELETE", tok)
+    assert status == 200 and doc["errors"] == [], doc
+    deadline = time.monotonic() + 30
+    while True:
+        _, doc = http(f"{url}/{API}/job/{jid}", token=tok)
+        if doc["jobs"][0]["job_state"] == ["CANCELLED"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert doc["jobs"][0]["job_state"] == ["CANCELLED"], doc["jobs"][0]["job_state"]
+    # Slurm's own error, as JSON
+    bad = {**job, "job": {**job["job"], "partition": "no-such-partition"}}
+    status, doc = http(f"{url}/{API}/job/submit", "POST", tok, bad)
+    assert status == 500 and doc["errors"][0]["error"] == "Invalid partition name specified", doc
+    # bad tokens: 401 and nothing else, at once (slurmrestd alone: 511, or 200 after 11 s)
+    key = (h.home / "clusters" / name / "jwt.key").read_bytes()
+    assert oct((h.home / "clusters" / name / "jwt.key").stat().st_mode & 0o777) == "0o600"
+    for bad_tok, why in (
+        (None, "missing X-SLURM-USER-TOKEN"),
+        ("not-a-token", "malformed token"),
+        (jwt.sign(key, "hpuser", -10), "token expired"),
+        (jwt.sign(os.urandom(32), "hpuser", 300), "invalid signature"),
+        (tok[:-4] + ("AAAA" if not tok.endswith("AAAA") else "BBBB"), "invalid signature"),
+    ):
+        for method, path, body in (("GET", "ping", None), ("GET", "jobs", None), ("POST", "job/submit", job)):
+            t0 = time.monotonic()
+            status, doc = http(f"{url}/{API}/{path}", method, bad_tok, body)
+            assert status == 401 and doc["errors"][0]["error"] == why, (path, why, status, doc)
+            assert time.monotonic() - t0 < 2
+    # the agent serves the front: killed, the next hp command starts it again on the same port
+    pidf = h.home / "clusters" / name / "agent.pid"
+    os.kill(int(pidf.read_text()), signal.SIGKILL)
+    time.sleep(0.5)
+    assert h("api", name, check=True).stdout.strip() == url
+    assert http(f"{url}/{API}/ping", token=tok)[0] == 200
+    # the key is in no output of hp: describe, events, logs
+    assert key.hex() not in h("describe", name, "--json", check=True).stdout
+    out = h.home / "logs"
+    h("logs", name, "--dir", str(out), check=True)
+    for f in out.rglob("*"):
+        if f.is_file():
+            assert key not in f.read_bytes(), f
+
+
+def test_metrics_parse_and_match_sinfo(lab: tuple[Hp, str]) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    h, name = lab
+    url = h("metrics", name, check=True).stdout.strip()
+    with urllib.request.urlopen(url, timeout=10) as r:
+        text = r.read().decode()
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    nodes: dict[tuple[str, str], float] = {}
+    for s in fams["slurm_nodes"].samples:
+        assert s.labels["cluster"] == name
+        nodes[(s.labels["partition"], s.labels["state"])] = s.value
+    sinfo: dict[tuple[str, str], float] = {}
+    for line in sh(h, name, "sinfo -h -N -o '%N|%R|%T'").splitlines():
+        node, part, state = line.strip().split("|")
+        sinfo[(part, state.lower())] = sinfo.get((part, state.lower()), 0) + 1
+    assert nodes == sinfo, (nodes, sinfo)
+    phases = {(s.labels["group"], s.labels["phase"]): s.value for s in fams["hp_nodes"].samples}
+    assert phases[("cpu", "Running")] == 2 and phases[("controller", "Running")] == 1
+    assert fams["slurm_controller_up"].samples[0].value == 1
+    assert [s.value for s in fams["hp_accounting_healthy"].samples] == [1]
+    assert {"hp_node_replacements", "hp_node_reboots", "hp_node_launch_failures", "hp_health_check_results"} <= set(
+        fams
+    )
+    assert "slurm_jobs" in fams
+
+
+def test_database_killed_unhealthy_then_brought_back_with_the_records(lab: tuple[Hp, str]) -> None:
+    h, name = lab
+    before = sh(h, name, "sacct -n -X -P -o JobID,State,ExitCode").split()
+    assert len(before) >= 2, before
+    agent = int((h.home / "clusters" / name / "agent.pid").read_text())
+    os.kill(agent, signal.SIGSTOP)  # hold the agent, so that the fault is seen before it is repaired
+    try:
+        DockerEngine().kill(f"hp-{name}-mariadb")
+        doc = h.json("describe", name)
+        assert doc["SlurmHealth"][0]["Status"] == "Unhealthy", doc["SlurmHealth"]
+        assert doc["SlurmHealth"][0]["Reason"] == "DbUnreachable", doc["SlurmHealth"]
+        # jobs still run meanwhile; slurmctld keeps their records for later
+        during = sh(h, name, "sbatch --parsable --wait -o /dev/null --wrap true").strip().splitlines()[-1]
+    finally:
+        os.kill(agent, signal.SIGCONT)
+    t0 = time.monotonic()
+    while h.json("describe", name)["SlurmHealth"][0]["Status"] != "Healthy":
+        assert time.monotonic() - t0 < 60, "the agent did not bring the database back"
+        time.sleep(0.5)
+    print(f"database killed -> Healthy again in {time.monotonic() - t0:.1f} s (agent resumed)")
+    after = sh(h, name, "sacct -n -X -P -o JobID,State,ExitCode").split()
+    assert set(before) <= set(after), (before, after)
+    deadline = time.monotonic() + 30
+    while f"{during}|COMPLETED|0:0" not in after:  # slurmctld sends what it kept (its retry: ~5 s)
+        assert time.monotonic() < deadline, after
+        time.sleep(1)
+        after = sh(h, name, "sacct -n -X -P -o JobID,State,ExitCode").split()
+    events = h("events", name, check=True).stdout
+    assert "mariadb" in events and "starting it again" in events, events
+
+
+def test_token_on_a_cluster_without_rest_is_bad_input(hp: Hp, tmp_path: Path) -> None:
+    name = hp.name("norest")
+    spec = write_spec(tmp_path / "s.json", small_spec(name, [("cpu", "cpu.nano", 1)], login=False))
+    hp("create", "-f", str(spec), "--no-accounting", check=True)
+    for cmd in ("token", "api"):
+        r = hp(cmd, name)
+        assert r.returncode == 2 and "has no REST API" in r.stderr and r.stdout == "", r
+    doc = hp.json("describe", name)
+    assert doc["Accounting"] == {"Enabled": False} and doc["SlurmHealth"] == [] and doc["Endpoints"]["Rest"] is None
+    assert hp("metrics", name, check=True).stdout.startswith("http://127.0.0.1:")

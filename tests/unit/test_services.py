@@ -1,0 +1,514 @@
+"""The cluster services against the fakes and on loopback: accounting's start order at
+create and its health states, the watch that brings services back, a controller's reboot
+waiting for accounting, JWT verification, the REST front (401 and nothing else for a bad
+token), the metrics families (parsed with prometheus_client's text parser), `hp token`,
+`hp api`, `hp metrics`, spec defaults and overrides, secrets never in logs."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from fakes import spec_doc, world
+
+from orchestrator.ci.logs import export_logs
+from orchestrator.cluster.context import Cluster
+from orchestrator.cluster.create import CreateOptions, create
+from orchestrator.cluster.delete import delete
+from orchestrator.cluster.query import describe
+from orchestrator.docker.views import ExecResult
+from orchestrator.errors import BadInput, EngineError, OperationFailed
+from orchestrator.recovery import actions
+from orchestrator.services import accounting, jwt
+from orchestrator.services.front import Front
+from orchestrator.services.metrics import registry
+from orchestrator.services.watch import ServiceWatch
+from orchestrator.slurm.conf import render, slurmdbd_conf
+from orchestrator.slurm.model import AccountingPing, parse_accounting_ping, parse_job_states, parse_sacct, parse_token
+from orchestrator.spec.model import ACCOUNTING_DEFAULT, REST_DEFAULT, validate, with_overrides
+
+
+def make(w, name="lab", **top):
+    spec = validate(spec_doc(name, **top), w.env.catalogue)
+    create(w.env, spec, CreateOptions(timeout=5, register_timeout=2))
+    return Cluster(w.env, name)
+
+
+def calls(w, *ops):
+    return [(op, n) for op, n in w.provider.calls if op in ops]
+
+
+# -- spec -----------------------------------------------------------------------------------
+def test_defaults_overrides_and_bad_values(tmp_path):
+    w = world(tmp_path)
+    cat = w.env.catalogue
+    spec = validate(spec_doc("lab"), cat)
+    assert (spec.accounting, spec.rest) == (ACCOUNTING_DEFAULT, REST_DEFAULT) == (True, False)
+    spec = with_overrides(spec_doc("lab"), cat, accounting=False, rest=True)
+    assert (spec.accounting, spec.rest) == (False, True)
+    with pytest.raises(BadInput) as e:
+        validate(spec_doc("lab", Accounting={"Enabled": "yes"}, Rest={"On": True}), cat)
+    text = str(e.value)
+    assert "Accounting.Enabled" in text and "Rest.On: unknown key" in text and "Rest.Enabled: required" in text
+    # a cluster recorded before the services existed has none
+    stored = validate(spec_doc("lab"), cat, existing=True)
+    assert (stored.accounting, stored.rest) == (False, False)
+
+
+def test_slurm_conf_and_slurmdbd_conf(tmp_path):
+    w = world(tmp_path)
+    cat = w.env.catalogue
+    on = render(validate(spec_doc("lab", Rest={"Enabled": True}), cat), cat)
+    assert "AccountingStorageType=accounting_storage/slurmdbd" in on and "AccountingStorageHost=slurmdbd" in on
+    assert "JobAcctGatherType=jobacct_gather/linux" in on and "AuthAltTypes=auth/jwt" in on
+    off = render(validate(spec_doc("lab", Accounting={"Enabled": False}), cat), cat)
+    assert "JobAcctGatherType=jobacct_gather/none" in off and "AccountingStorage" not in off and "jwt" not in off
+    dbd = slurmdbd_conf(validate(spec_doc("lab", Rest={"Enabled": True}), cat), "pw123")
+    assert "StoragePass=pw123" in dbd and "StorageHost=mariadb" in dbd and "jwt_key=/etc/slurm/jwt.key" in dbd
+
+
+# -- create -----------------------------------------------------------------------------------
+def test_create_starts_the_database_then_slurmdbd_then_slurmctld(tmp_path):
+    w = world(tmp_path)
+    c = make(w, Rest={"Enabled": True})
+    starts = [n for _, n in calls(w, "start")]
+    assert starts.index("hp-lab-mariadb") < starts.index("hp-lab-slurmdbd") < starts.index("hp-lab-controller-1")
+    assert starts.index("hp-lab-controller-1") < starts.index("hp-lab-slurmrestd")
+    creates = [n for _, n in calls(w, "create")]
+    # the database boots while the others are created: it starts before the controller is even made
+    assert calls(w, "create", "start")[:2] == [("create", "hp-lab-mariadb"), ("start", "hp-lab-mariadb")]
+    assert creates.index("hp-lab-controller-1") < creates.index("hp-lab-cpu-1")
+    p = w.provider
+    dbd = p.node("lab", "slurmdbd")
+    assert dbd.spec.restart_policy == "unless-stopped" and dbd.spec.hostname == "slurmdbd"
+    assert {"/etc/slurm/slurmdbd.conf", "/etc/slurm/slurm.key", "/etc/slurm/jwt.key"} <= set(dbd.files)
+    db = p.node("lab", "mariadb")
+    assert db.spec.volumes == {"hp-lab-db": "/var/lib/mysql"} and "/etc/mysql/hp-init.sql" in db.files
+    assert db.spec.cpu_limit == 1.0
+    rest = p.node("lab", "slurmrestd")
+    assert rest.spec.ports == {6820: ("127.0.0.1", 0)} and set(rest.files) == {"/etc/slurm/slurm.conf"}
+    ctl = p.node("lab", "controller-1")
+    assert ctl.files["/etc/slurm/jwt.key"] == accounting.jwt_key(c)
+    for f in ("jwt.key", "db.password"):
+        assert oct((c.dir / f).stat().st_mode & 0o777) == "0o600"
+    pw = accounting.db_password(c)
+    assert pw.encode() in dbd.files["/etc/slurm/slurmdbd.conf"] and pw.encode() in db.files["/etc/mysql/hp-init.sql"]
+    stored = w.env.store.cluster("lab").spec
+    assert stored["Accounting"] == {"Enabled": True} and stored["Rest"] == {"Enabled": True}  # fixed at create
+    assert delete(w.env, "lab") == {"containers": 7, "networks": 1, "volumes": 3}
+
+
+def test_without_accounting_the_controller_starts_at_once(tmp_path):
+    w = world(tmp_path)
+    make(w, Accounting={"Enabled": False})
+    assert [n for _, n in calls(w, "create", "start")][:2] == ["hp-lab-controller-1", "hp-lab-controller-1"]
+    assert not [n for _, n in calls(w, "create") if "mariadb" in n or "slurmdbd" in n]
+    assert describe(w.env, "lab")["SlurmHealth"] == []
+
+
+def test_a_database_that_exits_at_start_fails_the_create_and_rolls_back(tmp_path):
+    w = world(tmp_path)
+
+    def crash(c):
+        if c.spec.labels.get("io.hp.role") == "database":
+            c.state, c.exit_code, c.logs = "exited", 1, "mariadbd: [ERROR] Aborting\n"
+
+    w.provider.on_start.append(crash)
+    with pytest.raises(OperationFailed, match="mariadb exited"):
+        make(w)
+    assert w.provider.containers("lab") == [] and w.provider.volumes("lab") == []
+    assert not (w.home / "clusters" / "lab" / "db.password").exists()
+
+
+# -- health -----------------------------------------------------------------------------------
+def test_health_states(tmp_path):
+    w = world(tmp_path)
+    c = make(w)
+    h = accounting.health(c)
+    assert h.healthy and h.as_dict() == {"Component": "Slurmdbd", "Status": "Healthy", "Message": h.message}
+    w.provider.kill("hp-lab-mariadb")
+    h = accounting.health(c)
+    assert (h.status, h.reason) == ("Unhealthy", "DbUnreachable") and "exited" in h.message
+    assert "Reason" in h.as_dict()
+    w.provider.start("hp-lab-mariadb")
+    w.provider.kill("hp-lab-slurmdbd")
+    assert accounting.health(c).reason == "DaemonDown"
+    w.provider.start("hp-lab-slurmdbd")
+    # running but not answering: slurmdbd says its database is unreachable
+    w.slurm.acct_ping = AccountingPing(False, True, False, "Unable to connect to database")
+    assert accounting.health(c).reason == "DbUnreachable"
+    # slurmdbd hung (no answer in 2 s): the database is asked itself
+    w.slurm.acct_ping = AccountingPing(False, False, True, "")
+    w.provider.exec_handler = lambda ctr, cmd: ExecResult(0 if "mariadb" in cmd else 1, "")
+    assert accounting.health(c).reason == "DaemonDown"
+    w.provider.exec_handler = lambda ctr, cmd: ExecResult(1, "")
+    assert accounting.health(c).reason == "DbUnreachable"
+    doc = describe(w.env, "lab")
+    assert doc["SlurmHealth"][0]["Reason"] == "DbUnreachable" and doc["Accounting"] == {"Enabled": True}
+
+
+def test_parsers():
+    up = parse_accounting_ping(0, "slurmdbd(primary) at slurmdbd is UP\n")
+    assert up.up and not up.db_unreachable
+    db = parse_accounting_ping(
+        1, "error: Sending PersistInit msg: Unable to connect to database\nslurmdbd(primary) at slurmdbd is DOWN\n"
+    )
+    assert not db.up and db.db_unreachable and db.message.endswith("is DOWN")
+    hung = parse_accounting_ping(124, "")
+    assert hung.timed_out and not hung.up and not hung.db_unreachable
+    assert [(j.job_id, j.state, j.exit_code) for j in parse_sacct("4|COMPLETED|0:0\n5|CANCELLED by 1000|0:15\n")] == [
+        ("4", "COMPLETED", "0:0"),
+        ("5", "CANCELLED", "0:15"),
+    ]
+    assert parse_token("SLURM_JWT=abc.def.ghi\n") == "abc.def.ghi"
+    with pytest.raises(OperationFailed):
+        parse_token("scontrol: error: JWT authentication is not enabled\n")
+    assert parse_job_states("RUNNING|cpu\nPENDING|cpu\nRUNNING|cpu\n") == {("RUNNING", "cpu"): 2, ("PENDING", "cpu"): 1}
+
+
+# -- bringing services back -----------------------------------------------------------------------
+def test_watch_brings_a_dead_database_back_and_records_it(tmp_path, monkeypatch):
+    monkeypatch.setattr("orchestrator.services.watch.SETTLE_S", 0)
+    w = world(tmp_path)
+    c = make(w)
+    w.provider.kill("hp-lab-mariadb")
+    watch = ServiceWatch(w.env, "lab")
+    watch.step(now=100.0)
+    assert w.provider.node("lab", "mariadb").state == "running"
+    texts = [e.description for e in w.env.store.events("lab")]
+    assert any("mariadb (container exited, exit 137) down" in t for t in texts)
+    assert any("mariadb restarted: back in" in t for t in texts)
+    assert accounting.health(c).healthy
+    # removed by someone: made again on its volume
+    w.provider.remove_container("hp-lab-slurmdbd")
+    watch.step(now=101.0)
+    assert w.provider.node("lab", "slurmdbd").state == "running"
+    assert any("slurmdbd re-created" in e.description for e in w.env.store.events("lab"))
+
+
+def test_watch_restarts_a_hung_service_after_a_while_and_reports_health_changes(tmp_path, monkeypatch):
+    monkeypatch.setattr("orchestrator.services.watch.SETTLE_S", 0)
+    w = world(tmp_path)
+    make(w)
+    watch = ServiceWatch(w.env, "lab")
+    w.slurm.acct_ping = AccountingPing(False, False, True, "")  # slurmdbd hung; the database answers
+    watch.step(now=0.0)
+    assert any("Unhealthy (DaemonDown)" in e.description for e in w.env.store.events("lab"))
+    before = len(calls(w, "restart"))
+    watch.step(now=10.0)
+    assert len(calls(w, "restart")) == before  # not yet: it may be busy
+    watch.step(now=40.0)
+    assert calls(w, "restart")[before:] == [("restart", "hp-lab-slurmdbd")]
+    w.slurm.acct_ping = None
+    watch.step(now=50.0)
+    assert any("Healthy again" in e.description for e in w.env.store.events("lab"))
+
+
+def test_a_service_that_does_not_come_back_is_retried_later(tmp_path, monkeypatch):
+    monkeypatch.setattr("orchestrator.services.watch.SETTLE_S", 0)
+    w = world(tmp_path)
+    make(w)
+    w.provider.kill("hp-lab-mariadb")
+    w.provider.fail_start = lambda c: EngineError("no", 500) if "mariadb" in c.spec.name else None
+    watch = ServiceWatch(w.env, "lab")
+    watch.step(now=0.0)
+    assert any("could not bring mariadb" in e.description for e in w.env.store.events("lab"))
+    n = len(w.env.store.events("lab"))
+    watch.step(now=5.0)  # backing off
+    assert len(w.env.store.events("lab")) == n + 1  # only the health change is recorded
+
+
+def test_controller_reboot_brings_accounting_back_first(tmp_path):
+    w = world(tmp_path)
+    c = make(w)
+    w.provider.kill("hp-lab-slurmdbd")
+    w.provider.kill("hp-lab-controller-1")
+    w.provider.calls.clear()
+    assert actions.reboot(c, "controller-1", "container died", wait=5)
+    starts = [n for _, n in calls(w, "start")]
+    assert starts == ["hp-lab-slurmdbd", "hp-lab-controller-1"]
+    assert any("waits for accounting first" in e.description for e in w.env.store.events("lab"))
+
+
+def test_controller_reboot_fails_while_accounting_cannot_come_back(tmp_path):
+    w = world(tmp_path)
+    c = make(w)
+    w.provider.kill("hp-lab-slurmdbd")
+    w.provider.kill("hp-lab-controller-1")
+    w.provider.fail_start = lambda ctr: EngineError("no", 500) if "slurmdbd" in ctr.spec.name else None
+    assert not actions.reboot(c, "controller-1", "container died", wait=2)
+    assert w.provider.node("lab", "controller-1").state == "exited"  # never started without slurmdbd
+
+
+# -- JWT and the REST front ----------------------------------------------------------------------
+KEY = b"k" * 32
+
+
+def test_jwt_sign_and_verify():
+    now = 1_700_000_000
+    tok = jwt.sign(KEY, "hpuser", 60, now=now)
+    assert jwt.verify(KEY, tok, now=now + 1) is None and jwt.user_of(tok) == "hpuser"
+    assert jwt.verify(KEY, tok, now=now + 61) == "token expired"
+    assert jwt.verify(b"x" * 32, tok, now=now) == "invalid signature"  # forged: another key
+    h, b, s = tok.split(".")
+    body = json.loads(jwt._unb64(b))
+    body["sun"] = "root"
+    other = jwt._b64(json.dumps(body).encode()).decode()
+    assert jwt.verify(KEY, f"{h}.{other}.{s}", now=now) == "invalid signature"  # tampered
+    none = jwt._b64(b'{"alg":"none"}').decode()
+    assert jwt.verify(KEY, f"{none}.{b}.", now=now) == "invalid signature"
+    for bad in ("", "a.b", "a.b.c", "x" * 9000, "é.b.c", f"{h}.{jwt._b64(b'[1]').decode()}.{s}"):
+        assert jwt.verify(KEY, bad, now=now) == "malformed token", bad
+    noexp = jwt._b64(b'{"sun":"hpuser"}')
+    sig = jwt._b64(__import__("hmac").new(KEY, h.encode() + b"." + noexp, "sha256").digest())
+    assert jwt.verify(KEY, f"{h}.{noexp.decode()}.{sig.decode()}", now=now) == "malformed token"
+
+
+class _Upstream(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    seen: list[tuple[str, str, bytes]] = []
+
+    def log_message(self, *a):
+        pass
+
+    def _any(self):
+        n = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(n) if n else b""
+        _Upstream.seen.append((self.command, self.path, body))
+        status = 500 if b"nope" in body else 200
+        data = json.dumps(
+            {"path": self.path, "errors": [{"error": "Invalid partition name specified"}] if status == 500 else []}
+        ).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_POST = do_DELETE = _any
+
+
+@pytest.fixture
+def front():
+    up = ThreadingHTTPServer(("127.0.0.1", 0), _Upstream)
+    threading.Thread(target=up.serve_forever, daemon=True).start()
+    looked: list[bool] = []
+
+    def upstream(again: bool) -> tuple[str, int]:
+        looked.append(again)
+        return "127.0.0.1", up.server_address[1]
+
+    f = Front(0, lambda: KEY, upstream)
+    f.serve_in_thread()
+    _Upstream.seen.clear()
+    yield f, looked
+    f.shutdown()
+    f.server_close()
+    up.shutdown()
+    up.server_close()
+
+
+def req(port, method, path, token=None, body=None):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    headers = {"X-SLURM-USER-NAME": "hpuser"}
+    if token is not None:
+        headers["X-SLURM-USER-TOKEN"] = token
+    data = json.dumps(body).encode() if body is not None else None
+    if data:
+        headers["Content-Type"] = "application/json"
+    c.request(method, path, body=data, headers=headers)
+    r = c.getresponse()
+    out = (r.status, json.loads(r.read() or b"null"), dict(r.getheaders()))
+    c.close()
+    return out
+
+
+def test_front_refuses_bad_tokens_with_401_and_never_asks_slurmrestd(front):
+    f, _ = front
+    good = jwt.sign(KEY, "hpuser", 60)
+    for tok, why in (
+        (None, "missing X-SLURM-USER-TOKEN"),
+        ("garbage", "malformed token"),
+        (jwt.sign(KEY, "hpuser", -5), "token expired"),
+        (jwt.sign(b"z" * 32, "hpuser", 60), "invalid signature"),
+    ):
+        status, doc, headers = req(f.port, "GET", "/slurm/v0.0.42/jobs", tok)
+        assert status == 401 and doc["errors"][0]["error"] == why and doc["errors"][0]["error_number"] == 401
+        assert "WWW-Authenticate" in headers
+    # a good token, of another user than the one named
+    status, doc, _ = req(f.port, "GET", "/slurm/v0.0.42/jobs", jwt.sign(KEY, "alice", 60))
+    assert status == 401 and doc["errors"][0]["error"] == "the token is 'alice''s, not 'hpuser''s"
+    assert _Upstream.seen == []
+    status, doc, _ = req(f.port, "GET", "/slurm/v0.0.42/ping", good)
+    assert status == 200 and doc["path"] == "/slurm/v0.0.42/ping"
+    status, doc, _ = req(f.port, "POST", "/slurm/v0.0.42/job/submit", good, {"job": {"partition": "nope"}})
+    assert status == 500 and doc["errors"][0]["error"] == "Invalid partition name specified"  # Slurm's, as it came
+    status, _, _ = req(f.port, "DELETE", "/slurm/v0.0.42/job/7", good)
+    assert status == 200 and [m for m, _, _ in _Upstream.seen] == ["GET", "POST", "DELETE"]
+
+
+def test_front_says_502_when_slurmrestd_is_gone(front):
+    f, looked = front
+    f.upstream = lambda again: ("127.0.0.1", 9)  # nothing listens on the discard port
+    status, doc, _ = req(f.port, "GET", "/slurm/v0.0.42/ping", jwt.sign(KEY, "hpuser", 60))
+    assert status == 502 and "does not answer" in doc["errors"][0]["error"]
+
+
+# -- metrics ------------------------------------------------------------------------------------
+def test_metrics_families_parse_and_count(tmp_path):
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    w = world(tmp_path)
+    c = make(w)
+    w.slurm.job_states_ = {("RUNNING", "cpu"): 2, ("PENDING", "dev"): 1}
+    w.env.store.set_phase("lab", "cpu-2", "Rebooting", "x")
+    w.env.store.set_phase("lab", "cpu-2", "Running")
+    fams = {f.name: f for f in text_string_to_metric_families(generate_latest(registry(c)).decode())}
+    assert {
+        "slurm_controller_up",
+        "slurm_nodes",
+        "slurm_jobs",
+        "hp_nodes",
+        "hp_node_launch_failures",
+        "hp_node_reboots",
+        "hp_node_replacements",
+        "hp_health_check_results",
+        "hp_health_check_duration_seconds",
+        "hp_accounting_healthy",
+        "hp_scrape_duration_seconds",
+    } <= set(fams)
+
+    def samples(name, **labels):
+        return {
+            tuple(sorted((k, v) for k, v in s.labels.items() if k != "cluster")): s.value
+            for s in fams[name].samples
+            if all(s.labels.get(k) == v for k, v in labels.items()) and not s.name.endswith("_created")
+        }
+
+    assert sum(samples("slurm_nodes").values()) == 2 and fams["slurm_nodes"].samples[0].labels["cluster"] == "lab"
+    assert samples("slurm_jobs") == {
+        (("partition", "cpu"), ("state", "running")): 2,
+        (("partition", "dev"), ("state", "pending")): 1,
+    }
+    assert samples("hp_nodes", phase="Running")[(("group", "cpu"), ("phase", "Running"))] == 2
+    assert samples("hp_node_reboots")[(("group", "cpu"),)] == 1
+    assert samples("hp_accounting_healthy") == {(("reason", ""),): 1}
+    w.slurm.up = False  # Slurm does not answer: said so, hp's own still served
+    c2 = Cluster(w.env, "lab")
+    fams = {f.name: f for f in text_string_to_metric_families(generate_latest(registry(c2)).decode())}
+    assert fams["slurm_controller_up"].samples[0].value == 0 and fams["hp_nodes"].samples
+
+
+# -- CLI, logs ------------------------------------------------------------------------------------
+def test_token_api_metrics_cli(tmp_path, monkeypatch, capsys):
+    import orchestrator.cli as cli
+    from orchestrator.cli import common
+
+    w = world(tmp_path)
+    make(w)
+    make(w, "rl", Rest={"Enabled": True})
+    monkeypatch.setattr(common, "env", lambda: w.env)
+    monkeypatch.setattr("orchestrator.cli.services.env", lambda: w.env)
+    monkeypatch.setattr("orchestrator.cli.cluster.env", lambda: w.env)
+
+    def run(*args):
+        monkeypatch.setattr("sys.argv", ["hp", *args])
+        with pytest.raises(SystemExit) as e:
+            cli.main()
+        out = capsys.readouterr()
+        return e.value.code, out.out, out.err
+
+    code, out, err = run("describe", "lab")
+    assert code == 0 and "slurmdbd: Healthy: slurmdbd answers" in out and "rest:" not in out
+    w.provider.kill("hp-lab-mariadb")
+    assert "slurmdbd: Unhealthy (DbUnreachable): the database's container is exited" in run("describe", "lab")[1]
+    assert "rest: not served yet (hp api, hp token)" in run("describe", "rl")[1]
+    code, out, err = run("token", "lab")
+    assert code == 2 and "has no REST API" in err and out == ""
+    assert run("api", "lab")[0] == 2
+    code, out, _ = run("token", "rl", "--lifespan", "60")
+    assert code == 0 and out.count(".") == 2 and w.slurm.tokens[-1] == ("hpuser", 60)
+    assert run("token", "rl", "--lifespan", "0")[0] == 2
+    code, out, _ = run("token", "rl", "--json")
+    assert code == 0 and json.loads(out)["User"] == "hpuser"
+    w.env.store.put("endpoint.rest:rl", "1")  # recorded, but nothing listens: the agent is not serving
+    monkeypatch.setattr("orchestrator.services.endpoints.time.monotonic", iter([0, 0, 100, 100]).__next__)
+    code, _, err = run("api", "rl")
+    assert code == 1 and "does not serve its rest endpoint" in err
+
+
+def test_logs_never_hold_the_jwt_key_or_the_db_password(tmp_path):
+    w = world(tmp_path)
+    c = make(w, Rest={"Enabled": True})
+    key, pw = accounting.jwt_key(c), accounting.db_password(c).encode()
+    dbd = w.provider.node("lab", "slurmdbd")
+    dbd.files["/var/log/slurm/slurmdbd.log"] = b"connecting with " + pw + b" and " + key + b"\n"
+    dbd.logs += f"password {pw.decode()}\n"
+    out = tmp_path / "logs"
+    doc = export_logs(w.env, "lab", out)
+    assert "services/slurmdbd/slurmdbd.log" in doc["Files"]
+    for f in out.rglob("*"):
+        if f.is_file():
+            data = f.read_bytes()
+            assert pw not in data and key not in data, f
+    assert b"<hp: secret removed>" in (out / "services" / "slurmdbd" / "slurmdbd.log").read_bytes()
+    doc = json.dumps(describe(w.env, "lab"))
+    assert pw.decode() not in doc and "jwt" not in doc.lower()
+    assert all(pw.decode() not in e.description for e in w.env.store.events("lab"))
+    delete(w.env, "lab")
+    assert not (w.home / "clusters" / "lab").exists()
+
+
+def test_endpoints_serve_on_recorded_ports_and_survive_a_restart(tmp_path, monkeypatch, capsys):
+    import socket
+    import urllib.request
+
+    import orchestrator.cli as cli
+    from orchestrator.services.endpoints import Endpoints, url, wait_url
+
+    w = world(tmp_path)
+    c = make(w, Rest={"Enabled": True})
+    ep = Endpoints(w.env, "lab")
+    ep.start()
+    try:
+        murl, rurl = wait_url(w.env.store, "lab", "metrics"), wait_url(w.env.store, "lab", "rest")
+        assert murl.startswith("http://127.0.0.1:") and murl.endswith("/metrics")
+        with urllib.request.urlopen(murl, timeout=5) as r:
+            assert b"slurm_nodes{" in r.read()
+        port = int(rurl.rsplit(":", 1)[1])
+        # a good token, but the fake engine publishes no port for slurmrestd: 502, said so
+        status, doc, _ = req(port, "GET", "/slurm/v0.0.42/ping", jwt.sign(accounting.jwt_key(c), "hpuser", 60))
+        assert status == 502 and "not published" in doc["errors"][0]["error"]
+        monkeypatch.setattr("orchestrator.cli.services.env", lambda: w.env)
+        monkeypatch.setattr("sys.argv", ["hp", "api", "lab"])
+        with pytest.raises(SystemExit) as e:
+            cli.main()
+        assert e.value.code == 0 and capsys.readouterr().out.strip() == rurl
+        monkeypatch.setattr("sys.argv", ["hp", "metrics", "lab", "--json"])
+        with pytest.raises(SystemExit) as e:
+            cli.main()
+        assert e.value.code == 0 and json.loads(capsys.readouterr().out) == {"ClusterName": "lab", "Url": murl}
+    finally:
+        ep.close()
+    ep = Endpoints(w.env, "lab")  # the agent again: the same URLs
+    ep.start()
+    ep.close()
+    assert (url(w.env.store, "lab", "metrics"), url(w.env.store, "lab", "rest")) == (murl, rurl)
+    # the recorded port taken by another program meanwhile: another one, recorded
+    blocker = socket.socket()
+    blocker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the port may have connections in TIME_WAIT
+    blocker.bind(("127.0.0.1", int(murl.split(":")[2].split("/")[0])))
+    blocker.listen()
+    try:
+        ep = Endpoints(w.env, "lab")
+        ep.start()
+        ep.close()
+        assert url(w.env.store, "lab", "metrics") != murl
+    finally:
+        blocker.close()
+    delete(w.env, "lab")
+    assert url(w.env.store, "lab", "metrics") is None
