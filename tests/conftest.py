@@ -83,6 +83,25 @@ class Hp:
         self.made.append(n)
         return n
 
+    def diagnose(self) -> str:
+        """What a failed test's clusters looked like: nodes, last events, the agent's log tail."""
+        out = []
+        for n in self.made:
+            r = self("nodes", n, timeout=60)
+            out.append(f"=== hp nodes {n}\n{r.stdout}{r.stderr}")
+            r = self("events", n, timeout=60)
+            out.append(f"=== hp events {n} (last 20)\n" + "\n".join((r.stdout + r.stderr).splitlines()[-20:]))
+            log = self.home / "clusters" / n / "agent.log"
+            if log.exists():
+                lines, seen = [], set()
+                for line in log.read_text(errors="replace").splitlines()[-400:]:
+                    key = line[24:]  # without the timestamp: a repeated line once
+                    if key not in seen:
+                        seen.add(key)
+                        lines.append(line[:300])
+                out.append(f"=== agent log of {n} (last 40 distinct lines)\n" + "\n".join(lines[-40:]))
+        return "\n".join(out)
+
     def cleanup(self) -> None:
         from orchestrator.cluster.delete import remove_resources
         from orchestrator.docker.engine import DockerEngine as DockerProvider
@@ -92,13 +111,26 @@ class Hp:
             remove_resources(DockerProvider(), n)  # whatever a failed delete left
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.when == "call":
+        item.stash[_CALL_FAILED] = rep.failed
+
+
+_CALL_FAILED = pytest.StashKey[bool]()
+
+
 @pytest.fixture
-def hp(docker_ok: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hp]:
+def hp(docker_ok: None, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Hp]:
     home = tmp_path_factory.mktemp("hphome")
     h = Hp(home)
     try:
         yield h
     finally:
+        if request.node.stash.get(_CALL_FAILED, False):
+            print("\n" + h.diagnose(), file=sys.stderr)
         h.cleanup()
         shutil.rmtree(home, ignore_errors=True)
 

@@ -368,6 +368,17 @@ class DockerEngine:
             self.api.start(container)
 
     def restart(self, container: str, timeout: int = 2) -> None:
+        """Restart; a frozen container (docker pause, or a cgroup left frozen by an engine
+        that stopped mid-kill) is thawed first, so that its processes can be stopped."""
+        with _errors(f"restart {container}"):
+            paused = self.api.inspect_container(container)["State"].get("Paused")
+        if paused:
+            try:
+                with _errors(f"unpause {container}"):
+                    self.api.unpause(container)
+            except EngineError as e:
+                if e.status != 409:  # 409: thawed meanwhile
+                    raise
         with _errors(f"restart {container}"):
             self.api.restart(container, timeout=timeout)
 

@@ -145,12 +145,15 @@ def replace(cluster: Cluster, node: str, reason: str, wait: float = 60.0, keep_d
     store.set_phase(name, node, Phase.REPLACING, f"replacing: {reason}")
     _event(cluster, t, "Info", f"is being replaced: {reason}")
     t0 = time.monotonic()
-    if t.container is not None:
-        cluster.p.remove_container(t.container.id)
-    _forget(cluster, t)
-    launcher = Launcher(cluster, _images(cluster, t))
-    res = launcher.create_many([(group, t.index)], drain_reason=keep_drained)[node]
-    err = res if isinstance(res, LaunchError) else launcher.start(res)
+    try:
+        if t.container is not None:
+            cluster.p.remove_container(t.container.id)
+        _forget(cluster, t)
+        launcher = Launcher(cluster, _images(cluster, t))
+        res = launcher.create_many([(group, t.index)], drain_reason=keep_drained)[node]
+        err = res if isinstance(res, LaunchError) else launcher.start(res)
+    except TRANSIENT as e:  # the engine went away part-way: the reconciler launches it when it is back
+        res, err = "", str(e)[:300]
     if err is not None:
         store.set_phase(name, node, Phase.LAUNCH_FAILED, f"replacement could not be launched: {err}")
         _event(cluster, t, "Error", f"could not be replaced ({reason}): {err}")

@@ -105,7 +105,9 @@ def guard(
         if t > seen.at:
             return "its status changed after the observation"
         o = owner(phase, t, now)
-        if o is not Owner.NONE:
+        if o is Owner.RECOVERY and t <= last_done:
+            pass  # written by this watcher's own action, which has ended (failed): not an owner any more
+        elif o is not Owner.NONE:
             return f"it is {phase} (owned by {o.value})"
     return None
 

@@ -197,16 +197,26 @@ class RecoveryWatcher:
         except Exception as e:  # noqa: BLE001 - a bug: reported; the node is backed off like a failure, never retried in a loop
             report_bug(self.env.store, self.name, f"{action} of {seen.node}", e, log, node=seen.node)
             ok = False
+        engine_answers = ok or self._engine_answers()
         with self._lock:
             self._last_done[seen.node] = time.time()
             self._oom.discard(seen.node)
             if ok:
                 self._failures.pop(seen.node, None)
                 self._retry_at.pop(seen.node, None)
+            elif not engine_answers:  # the action never reached a node: try again soon, no backoff
+                self._retry_at[seen.node] = time.time() + POLL_S
             else:
                 n = self._failures.get(seen.node, 0)
                 self._failures[seen.node] = n + 1
                 self._retry_at[seen.node] = time.time() + BACKOFF_S[min(n, len(BACKOFF_S) - 1)]
+
+    def _engine_answers(self) -> bool:
+        try:
+            self.env.provider.ping()
+        except (EngineUnavailable, EngineError):
+            return False
+        return True
 
     # -- Docker events -------------------------------------------------------------------
     def _events_loop(self, stop: threading.Event) -> None:

@@ -93,6 +93,7 @@ TRANSITIONS: dict[tuple[Phase, Phase], str] = {
     (P.REPLACING, P.CHECKING): "a replacement is checked before it takes jobs",
     (P.REPLACING, P.LAUNCH_FAILED): "the replacement could not be launched: the reconciler retries",
     (P.REPLACING, P.REPLACING): "a replacement whose process died is tried again",
+    (P.REPLACING, P.REBOOTING): "a replacement that failed part-way (engine down) is recovered again: reboot first",
     (P.REPLACING, P.QUEUED): "a replacement whose process died left no container: the reconciler launches it",
     (P.SHUTTING_DOWN, P.REMOVED): "removed from Slurm, then its container",
     (P.REMOVED, P.QUEUED): "scaled up again: the name is reused by a new incarnation",

@@ -58,7 +58,7 @@ def recorded_error(call: str) -> docker.errors.APIError:
 
 IO_METHODS = (
     "ping info create_network remove_network networks create_volume remove_volume volumes create_container "
-    "put_archive get_archive start restart kill remove_container containers inspect_container logs exec_create "
+    "put_archive get_archive start restart unpause kill remove_container containers inspect_container logs exec_create "
     "exec_start exec_inspect events inspect_image pull import_image_from_file build tag load_image _get wait"
 ).split()
 
@@ -441,12 +441,20 @@ def test_create_container_errors_are_typed() -> None:
 
 
 def test_start_restart_kill_remove() -> None:
-    e, api = engine(start=None, restart=None, kill=None, remove_container=None)
+    e, api = engine(
+        start=None, restart=None, kill=None, remove_container=None, inspect_container={"State": {"Paused": False}}
+    )
     e.start("c1")
     e.restart("c1", timeout=7)
+    assert api.called("unpause") == []
+    api.answers.update(inspect_container={"State": {"Paused": True}}, unpause=None)
+    e.restart("c1", timeout=7)  # frozen: thawed first
+    assert api.called("unpause") == [(("c1",), {})]
+    api.answers.update(unpause=recorded_error("kill(stopped)"))
+    e.restart("c1", timeout=7)  # thawed meanwhile (409): restarted all the same
     e.kill("c1")
     e.remove_container("c1")
-    assert api.called("restart") == [(("c1",), {"timeout": 7})]
+    assert api.called("restart") == [(("c1",), {"timeout": 7})] * 3
     assert api.called("remove_container") == [(("c1",), {"force": True, "v": False})]  # never the volumes
     api.answers.update(kill=recorded_error("kill(stopped)"))
     e.kill("c1")  # not running: nothing to kill

@@ -12,7 +12,7 @@ from fakes import spec_doc, world
 from orchestrator.cluster.context import Cluster
 from orchestrator.cluster.create import CreateOptions, create
 from orchestrator.docker.views import Event
-from orchestrator.errors import BadInput, EngineError, OperationFailed
+from orchestrator.errors import BadInput, EngineError, EngineUnavailable, OperationFailed
 from orchestrator.recovery import actions, by_hand
 from orchestrator.recovery.rules import REBOOT, RECOVER, REPLACE
 from orchestrator.recovery.watcher import RecoveryWatcher
@@ -83,6 +83,16 @@ def test_a_replacement_that_cannot_launch_goes_back_to_the_reconciler(w):
     c = Cluster(w.env, "lab")
     w.provider.fail_create = lambda spec: EngineError("disk full", 500)
     assert not actions.replace(c, "cpu-2", "bad", wait=1)
+    assert phase(w, "cpu-2") == "LaunchFailed"
+
+
+def test_a_replacement_cut_short_by_the_engine_going_away_goes_back_to_the_reconciler(w):
+    c = Cluster(w.env, "lab")
+    def gone(cid):  # the engine stops: the old container cannot even be removed
+        raise EngineUnavailable("cannot reach a Docker engine (stopped)")
+
+    w.provider.remove_container = gone
+    assert not actions.replace(c, "cpu-2", "died", wait=1)
     assert phase(w, "cpu-2") == "LaunchFailed"
 
 
@@ -206,3 +216,41 @@ def test_watcher_runs_until_stopped_and_reports_a_bug_in_an_action(w):
     bug = next(e.description for e in w.env.store.events("lab") if "internal error" in e.description)
     assert "reboot of cpu-1" in bug or "recover of cpu-1" in bug
     assert wt._retry_at.get("cpu-1", 0) > time.time()  # backed off like a failure: not retried in a loop
+
+
+def test_a_recovery_that_failed_because_the_engine_was_down_is_tried_again_soon(w):
+    """An engine restart: the action fails at once (nothing reached a node). The node it
+    left Rebooting is not 'owned' by that ended action, and no 30 s backoff applies."""
+    calls: list = []
+
+    def act(cluster, action, node, why, wait):
+        calls.append((action, node))
+        if len(calls) == 1:  # the engine stops while the first action runs
+            w.provider.up = False
+            cluster.store.set_phase("lab", node, Phase.REBOOTING, f"rebooting: {why}")
+            return False
+        cluster.store.set_phase("lab", node, Phase.RUNNING)
+        return True
+
+    wt = RecoveryWatcher(w.env, "lab", act=act)
+    w.provider.die("lab", "controller-1")
+    wt.poll()
+    join(wt)
+    w.provider.up = True
+    assert calls == [(REBOOT, "controller-1")]
+    assert wt._retry_at["controller-1"] - time.time() <= 2.0 and "controller-1" not in wt._failures
+    time.sleep(2.05)
+    wt.poll()
+    join(wt)
+    assert calls == [(REBOOT, "controller-1")] * 2  # acted again on the node its failed action left Rebooting
+
+
+def test_a_recovery_that_failed_with_the_engine_up_backs_off(w):
+    def act(cluster, action, node, why, wait):
+        return False
+
+    wt = RecoveryWatcher(w.env, "lab", act=act)
+    w.provider.die("lab", "cpu-1")
+    wt.poll()
+    join(wt)
+    assert wt._retry_at["cpu-1"] - time.time() > 25 and wt._failures["cpu-1"] == 1

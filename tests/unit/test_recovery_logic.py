@@ -123,6 +123,10 @@ def seen(at: float = 100.0) -> Seen:
         (("Running", "", 100.5), False, 0.0, 0.0, 101.0, True),  # status changed after the observation
         (("Running", "", 50.0), False, 0.0, 0.0, 101.0, False),
         (("Rebooting", "reboot did not bring it back", 50.0), False, 0.0, 0.0, 1000.0, False),
+        # this watcher's own reboot failed (left Rebooting at 90, ended at 95): not an owner any more
+        (("Rebooting", "rebooting: x", 90.0), False, 95.0, 0.0, 101.0, False),
+        (("Replacing", "replacing: x", 90.0), False, 95.0, 0.0, 101.0, False),
+        (("Rebooting", "rebooting: x", 96.0), False, 95.0, 0.0, 101.0, True),  # a newer one: someone else's
     ],
 )
 def test_guard(recorded, busy, last_done, retry_at, now, blocked):
