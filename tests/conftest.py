@@ -171,3 +171,17 @@ def small_spec(
             }
         )
     return {"ClusterName": name, "InstanceGroups": igs, **top}
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """At the very end, a few lines per failed test (its `E` lines): a CI log that keeps
+    only its tail still says why each test failed."""
+    failed = terminalreporter.stats.get("failed", []) + terminalreporter.stats.get("error", [])
+    if not failed:
+        return
+    terminalreporter.write_sep("=", f"why each of {len(failed)} failed (E lines)")
+    for rep in failed:
+        e_lines = [ln[2:].strip() for ln in rep.longreprtext.splitlines() if ln.startswith("E ")]
+        terminalreporter.write_line(f"{rep.nodeid} [{rep.when}]")
+        for ln in (e_lines or rep.longreprtext.splitlines()[-1:])[:4]:
+            terminalreporter.write_line(f"    {ln[:240]}")

@@ -88,6 +88,7 @@ def test_a_replacement_that_cannot_launch_goes_back_to_the_reconciler(w):
 
 def test_a_replacement_cut_short_by_the_engine_going_away_goes_back_to_the_reconciler(w):
     c = Cluster(w.env, "lab")
+
     def gone(cid):  # the engine stops: the old container cannot even be removed
         raise EngineUnavailable("cannot reach a Docker engine (stopped)")
 
