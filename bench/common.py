@@ -32,7 +32,9 @@ def bench_env(home: str) -> dict[str, str]:
     return {**os.environ, "HP_HOME": home, "HP_INSTANCE_TYPES": str(types), "NO_COLOR": "1"}
 
 
-def spec_doc(name: str, n: int, itype: str = "bench.tiny", login: bool = False) -> dict:
+def spec_doc(name: str, n: int, itype: str = "bench.tiny", login: bool = False, accounting: bool = False) -> dict:
+    """A bench cluster: controller, optional login, n workers. Accounting off unless asked
+    (the floor is bare Slurm; create.py measures what accounting adds on its own)."""
     groups = [
         {
             "InstanceGroupName": "controller",
@@ -58,7 +60,7 @@ def spec_doc(name: str, n: int, itype: str = "bench.tiny", login: bool = False) 
             "SlurmConfig": {"NodeType": "Compute", "PartitionNames": ["w"]},
         }
     )
-    return {"ClusterName": name, "InstanceGroups": groups}
+    return {"ClusterName": name, "InstanceGroups": groups, "Accounting": {"Enabled": accounting}}
 
 
 def floor(n: int, itype: str = "bench.tiny") -> float:

@@ -82,6 +82,18 @@ class Slurm(Protocol):
         """A JWT for `user`, valid `lifespan` seconds (needs AuthAltTypes=auth/jwt)."""
 
 
+# Every Slurm command runs under coreutils' timeout: a slurmctld that hangs (stuck at
+# start, a frozen container) makes a command fail, never block hp (its agent) forever.
+COMMAND_TIMEOUT_S = 30
+PING_TIMEOUT_S = 10
+TIMED_OUT = 124  # timeout(1)'s exit status when the command ran out of time
+
+
+def bounded(cmd: list[str], seconds: int = COMMAND_TIMEOUT_S) -> list[str]:
+    """`cmd` under timeout(1): TERM after `seconds`, KILL 2 s later."""
+    return ["timeout", "-k", "2", str(seconds), *cmd]
+
+
 class SlurmCli:
     """Slurm operations, run in the controller container (or the node given)."""
 
@@ -91,9 +103,11 @@ class SlurmCli:
 
     def _run(self, *args: str) -> str:
         try:
-            res = self.p.exec(self.controller, list(args))
+            res = self.p.exec(self.controller, bounded(list(args)))
         except EngineError as e:  # e.g. the controller's container is not running
             raise OperationFailed(f"{args[0]}: {e}") from None
+        if res.exit_code == TIMED_OUT:
+            raise OperationFailed(f"{' '.join(args)} did not answer within {COMMAND_TIMEOUT_S} s")
         if res.exit_code != 0:
             raise OperationFailed(f"{' '.join(args)} failed ({res.exit_code}): {res.output.strip()[:500]}")
         return res.output
@@ -103,7 +117,7 @@ class SlurmCli:
 
     def ping_from(self, container: str) -> bool:
         try:
-            return self.p.exec(container, ["scontrol", "ping"]).exit_code == 0
+            return self.p.exec(container, bounded(["scontrol", "ping"], PING_TIMEOUT_S)).exit_code == 0
         except EngineError:  # the container is not running
             return False
 
@@ -112,7 +126,7 @@ class SlurmCli:
 
     def job(self, job_id: int) -> JobInfo | None:
         try:
-            res = self.p.exec(self.controller, ["scontrol", "show", "job", "--json", str(int(job_id))])
+            res = self.p.exec(self.controller, bounded(["scontrol", "show", "job", "--json", str(int(job_id))]))
         except EngineError as e:
             raise OperationFailed(f"scontrol show job: {e}") from None
         return next(iter(parse_jobs(res.output)), None) if res.exit_code == 0 else None
@@ -151,7 +165,7 @@ class SlurmCli:
         try:
             res = self.p.exec(
                 container,
-                ["sbatch", "--parsable", "-o", output, "-e", output, *args, script],
+                bounded(["sbatch", "--parsable", "-o", output, "-e", output, *args, script]),
                 user=user,
                 workdir=workdir,
                 environment=env,
@@ -165,13 +179,13 @@ class SlurmCli:
 
     def cancel(self, container: str, job_id: int, user: str) -> None:
         try:
-            self.p.exec(container, ["scancel", str(int(job_id))], user=user)
+            self.p.exec(container, bounded(["scancel", str(int(job_id))]), user=user)
         except EngineError as e:
             raise OperationFailed(f"scancel: {e}") from None
 
     def show_node(self, node: str) -> str:
         try:
-            return self.p.exec(self.controller, ["scontrol", "show", "node", node]).output
+            return self.p.exec(self.controller, bounded(["scontrol", "show", "node", node])).output
         except EngineError as e:
             return f"scontrol show node {node}: {e}\n"
 
@@ -180,7 +194,7 @@ class SlurmCli:
 
     def accounting_ping(self) -> AccountingPing:
         try:
-            res = self.p.exec(self.controller, ["timeout", "2", "sacctmgr", "ping"])
+            res = self.p.exec(self.controller, bounded(["sacctmgr", "ping"], 2))
         except EngineError as e:  # the controller's container is not running
             raise OperationFailed(f"sacctmgr ping: {e}") from None
         return parse_accounting_ping(res.exit_code, res.output)
@@ -189,7 +203,7 @@ class SlurmCli:
         ids = ",".join(str(int(j)) for j in job_ids)
         cmd = ["sacct", "-n", "-X", "-P", "-o", "JobID,State,ExitCode", "-j", ids]
         try:
-            res = self.p.exec(container or self.controller, cmd)
+            res = self.p.exec(container or self.controller, bounded(cmd))
         except EngineError as e:
             raise OperationFailed(f"sacct: {e}") from None
         if res.exit_code != 0:
@@ -207,7 +221,7 @@ class SlurmCli:
         out = {}
         for name, cmd in (("sinfo.txt", ["sinfo", "-N", "-l"]), ("squeue.txt", ["squeue", "-a", "-l"])):
             try:
-                out[name] = self.p.exec(self.controller, cmd).output
+                out[name] = self.p.exec(self.controller, bounded(cmd)).output
             except EngineError as e:
                 out[name] = f"{' '.join(cmd)}: {e}\n"
         return out

@@ -34,8 +34,13 @@ class Provider(FakeProvider):
     def __init__(self) -> None:
         super().__init__()
         self.execs: list[tuple[str, list[str], dict[str, Any]]] = []
+        self.bounds: list[int] = []
 
     def exec(self, container: str, cmd: list[str], **kw: Any) -> ExecResult:  # type: ignore[override]
+        # every Slurm command runs under timeout(1): recorded and answered without it
+        assert cmd[:3] == ["timeout", "-k", "2"] and cmd[3].isdigit(), f"unbounded Slurm command: {cmd}"
+        self.bounds.append(int(cmd[3]))
+        cmd = cmd[4:]
         self.execs.append((container, list(cmd), kw))
         return super().exec(container, cmd, **kw)
 
@@ -312,7 +317,7 @@ def test_accounting_and_token_commands_and_their_answers() -> None:
     s, p = slurm(
         answers(
             {
-                "timeout 2 sacctmgr ping": (0, "slurmdbd(primary) at slurmdbd is UP\n"),
+                "sacctmgr ping": (0, "slurmdbd(primary) at slurmdbd is UP\n"),
                 "sacct -n -X -P -o JobID,State,ExitCode -j 1,2": (0, "1|COMPLETED|0:0\n2|FAILED|3:0\n"),
                 "sacctmgr -n -P show cluster format=cluster": (0, "lab\n"),
                 "scontrol token username=hpuser lifespan=60": (0, "SLURM_JWT=eyJh.eyJl.c2ln\n"),
@@ -331,7 +336,7 @@ def test_accounting_and_token_commands_and_their_answers() -> None:
     s, _ = slurm(
         answers(
             {
-                "timeout 2 sacctmgr ping": (
+                "sacctmgr ping": (
                     1,
                     "sacctmgr: error: Sending PersistInit msg: Unable to connect to database\n"
                     "slurmdbd(primary) at slurmdbd is DOWN\n",
@@ -350,3 +355,11 @@ def test_accounting_and_token_commands_and_their_answers() -> None:
     s, _ = slurm(running=())  # the controller's container is not running
     with pytest.raises(OperationFailed):
         s.accounting_ping()
+
+
+def test_a_slurm_command_that_hangs_is_cut_off_and_fails() -> None:
+    s, p = slurm(lambda c, cmd: ExecResult(124, ""))  # timeout(1) ended it
+    with pytest.raises(OperationFailed, match="did not answer within 30 s"):
+        s.nodes()
+    assert s.ping() is False
+    assert p.bounds == [30, 10]
