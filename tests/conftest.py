@@ -173,9 +173,22 @@ def small_spec(
     return {"ClusterName": name, "InstanceGroups": igs, **top}
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    """At the very end, a few lines per failed test (its `E` lines): a CI log that keeps
-    only its tail still says why each test failed."""
+    """At the very end, the fault suite's figures and a few lines per failed test (its `E`
+    lines): a CI log that keeps only its tail still says what was measured and why each
+    test failed."""
+    figures = [
+        (rep.nodeid, [ln for ln in rep.capstderr.splitlines() if ln.strip()][-6:])
+        for rep in terminalreporter.stats.get("passed", [])
+        if rep.when == "call" and rep.nodeid.startswith("tests/faults/") and rep.capstderr
+    ]
+    if figures:  # what the fault suite measured, also in a CI log that keeps only its tail
+        terminalreporter.write_sep("=", "fault suite figures")
+        for nodeid, lines in figures:
+            terminalreporter.write_line(nodeid.split("::", 1)[1])
+            for ln in lines:
+                terminalreporter.write_line(f"    {ln[:200]}")
     failed = terminalreporter.stats.get("failed", []) + terminalreporter.stats.get("error", [])
     if not failed:
         return

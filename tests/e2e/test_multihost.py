@@ -57,7 +57,7 @@ class Lab:
         try:
             f = {"label": f"io.hp.cluster={name}"}
             return {
-                "containers": [x.name for x in c.containers.list(all=True, filters=f)],
+                "containers": [x.name for x in c.containers.list(all=True, ignore_removed=True, filters=f)],
                 "networks": [x.name for x in c.networks.list(filters=f)],
                 "volumes": [x.name for x in c.volumes.list(filters=f)],
             }

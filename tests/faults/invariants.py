@@ -25,7 +25,7 @@ class Seen:
 def observe(hp: Hp, name: str) -> Seen:
     client = docker.from_env()
     problems: list[str] = []
-    cs = client.containers.list(all=True, filters={"label": f"io.hp.cluster={name}"})
+    cs = client.containers.list(all=True, ignore_removed=True, filters={"label": f"io.hp.cluster={name}"})
     roles: dict[str, list[Any]] = {}
     for c in cs:
         roles.setdefault(c.labels.get("io.hp.role", ""), []).append(c)

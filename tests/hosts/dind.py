@@ -250,7 +250,9 @@ class Harness:
         return docker.DockerClient(base_url=self.url(name), timeout=60)
 
     def running(self) -> list[str]:
-        return sorted(c.name for c in self.docker.containers.list(all=True, filters={"label": LABEL}))
+        return sorted(
+            c.name for c in self.docker.containers.list(all=True, ignore_removed=True, filters={"label": LABEL})
+        )
 
     def stop_all(self, image: bool = False) -> None:
         """Remove every host of this prefix, its volume and socket folder, the network
@@ -258,7 +260,11 @@ class Harness:
         from docker.errors import APIError, ImageNotFound, NotFound
 
         d = self.docker
-        cs = [c for c in d.containers.list(all=True, filters={"label": LABEL}) if c.name.startswith(self.prefix)]
+        cs = [
+            c
+            for c in d.containers.list(all=True, ignore_removed=True, filters={"label": LABEL})
+            if c.name.startswith(self.prefix)
+        ]
         with ThreadPoolExecutor(max_workers=max(1, len(cs))) as ex:
             list(ex.map(lambda c: c.remove(force=True, v=True), cs))
         for c in cs:
