@@ -23,7 +23,7 @@ from ..slurm.client import Slurm, SlurmCli
 from ..slurm.conf import controller_host
 from ..spec.catalogue import InstanceType, load_catalogue
 from ..spec.model import ClusterSpec, InstanceGroup, validate
-from ..state.store import Store
+from ..state.store import Latest, Store
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..gpu.host import HostGpuInfo
@@ -199,17 +199,22 @@ class Cluster:
         """Slurm node name -> its container (controller, login and workers)."""
         return {c.node: c for c in self.current(self.containers()) if c.is_node and c.node}
 
-    def lost_nodes(self, containers: dict[str, Container] | None = None) -> dict[str, tuple[str, str]]:
+    def lost_nodes(
+        self, containers: dict[str, Container] | None = None, latest: Latest | None = None
+    ) -> dict[str, tuple[str, str]]:
         """Nodes whose host does not answer, and that hp cannot see: node -> (host, why).
         Their containers may still be there; they are neither missing (nothing relaunches
-        them on its own) nor healthy (the host watcher replaces them, or waits)."""
+        them on its own) nor healthy (the host watcher replaces them, or waits).
+        `latest`: the phases a caller already read (a view must judge every node from one
+        reading: read twice, a node recorded Running, then Replacing, would be neither)."""
         if not self.multihost:
             return {}
         down = self.p.unreachable()
         if not down:
             return {}
         seen = self.node_containers() if containers is None else containers
-        latest = self.store.latest_phases(self.name)
+        if latest is None:
+            latest = self.store.latest_phases(self.name)
         held = ("Running", "Launching", "DeepHealthCheckInProgress", "Rebooting")
         return {
             n: (h, down[h])

@@ -50,7 +50,7 @@ def observe(cluster: Cluster) -> tuple[list[NodeView], bool]:
             up = True
         except OperationFailed:
             up = False
-    return node_views(cluster.spec, containers, snodes, recorded, up, cluster.lost_nodes(containers)), up
+    return node_views(cluster.spec, containers, snodes, recorded, up, cluster.lost_nodes(containers, recorded)), up
 
 
 def active_ops(env: Env, name: str) -> dict[str, list[str]]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from datetime import UTC, datetime
 
 import pytest
 from conftest import small_spec, write_spec
@@ -172,20 +173,34 @@ def test_network_fault_is_caught_blames_one_node_and_is_replaced(hp, tmp_path):
 
 def test_busy_node_waits_for_its_job_or_is_skipped(hp, tmp_path):
     name = create(hp, tmp_path, [("cpu", "cpu.nano", 1)])
-    hp("exec", name, "--", "sbatch", "-w", "cpu-1", "--wrap", "sleep 6", check=True)
-    time.sleep(1.5)
-    t0 = time.time()
+    job_running(name, hp("exec", name, "--", "sbatch", "--parsable", "-w", "cpu-1", "--wrap", "sleep 6", check=True))
+    t0 = time.time()  # the job runs until about t0 + 6
     req = check(hp, name, "--node", "cpu-1", "--check", "InstanceStress", "--wait-idle-timeout", "60")
     stress = results(req)["cpu-1"][0]
     assert stress["State"] == "Passed"
     assert req["Verdicts"]["cpu-1"] == "Passed"
-    assert time.time() - t0 >= 4  # it waited for the job
-    hp("exec", name, "--", "sbatch", "-w", "cpu-1", "--wrap", "sleep 30", check=True)
-    time.sleep(1.5)
+    began = datetime.strptime(stress["StartTime"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC).timestamp()
+    assert began - t0 >= 4, (began - t0, stress)  # the check waited for the job to end
+    # the job must be running when the check starts: one still pending (the node just
+    # handed back by the first check) would not make the node busy
+    job_running(name, hp("exec", name, "--", "sbatch", "--parsable", "-w", "cpu-1", "--wrap", "sleep 30", check=True))
     req = check(hp, name, "--node", "cpu-1", "--check", "InstanceStress", "--wait-idle-timeout", "2")
     assert req["Verdicts"]["cpu-1"].startswith("Skipped: still running jobs"), req["Verdicts"]
     n = slurm_nodes(hp, name)["cpu-1"]
     assert "drain" not in n["SlurmState"], n  # hp gave it back
+
+
+def job_running(name: str, submitted: subprocess.CompletedProcess, timeout: float = 60) -> str:
+    """Wait until the job sbatch --parsable printed is RUNNING (Slurm's word, on the controller)."""
+    job = submitted.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + timeout
+    state = ""
+    while time.monotonic() < deadline:
+        state = controller(name, f"squeue -h -j {int(job)} -o %T").strip()
+        if state == "RUNNING":
+            return job
+        time.sleep(0.25)
+    raise AssertionError(f"job {job} not running after {timeout:.0f} s (last state {state!r})")
 
 
 def test_foreign_drain_is_left_alone_and_bad_input(hp, tmp_path):

@@ -600,3 +600,26 @@ def test_scaling_bound_is_the_sum_over_hosts(tmp_path):
     make(w, groups=[("cpu", "cpu.large", 3)])
     with pytest.raises(BadInput, match=r"more than the hosts can ever run: 12 \(h1: 4"):
         scale(w.env, "lab", "cpu", 13)
+
+
+def test_hp_nodes_lists_a_lost_node_while_the_watcher_records_its_replacement(tmp_path, monkeypatch):
+    """The view judges every node from one reading of the phases: a node read as Running
+    whose host is gone, and recorded Replacing by the watcher while the containers are
+    listed, is still listed (once as lost, not dropped between two readings)."""
+    w = multi_world(tmp_path)
+    make(w)
+    on3 = sorted(n for n, h in where(w).items() if h == "h3")
+    assert on3
+    w.hosts["h3"].up = False
+    real = Cluster.node_containers
+
+    def listing_then_recorded(self):
+        got = real(self)
+        for n in on3:  # the host watcher records the replacement meanwhile
+            w.env.store.set_phase("lab", n, "Replacing", "replacing: its host h3 does not answer")
+        return got
+
+    monkeypatch.setattr(Cluster, "node_containers", listing_then_recorded)
+    rows = {n["SlurmNodeName"]: n for n in nodes(w.env, "lab")["ClusterNodeSummaries"]}
+    assert all(n in rows and rows[n]["Host"] == "h3" for n in on3), sorted(rows)
+    assert {rows[n]["InstanceStatus"]["Status"] for n in on3} == {"Failure"}
