@@ -130,7 +130,7 @@ class GroupReconciler:
         }
         # on a registered host that does not answer: not missing (the host watcher
         # replaces them, or they come back with their host)
-        recovering |= {n for n in self.c.lost_nodes(mine) if group_prefix(n) == prefix}
+        recovering |= {n for n in self.c.lost_nodes(mine, latest_all) if group_prefix(n) == prefix}
         missing = g.InstanceCount - len(active) - len(recovering)
         used = {ci.index for ci in mine.values()} | {split_node(n)[1] for n in recovering}
         free = [i for i in range(1, g.InstanceCount + len(mine) + len(recovering) + 2) if i not in used]

@@ -623,3 +623,32 @@ def test_hp_nodes_lists_a_lost_node_while_the_watcher_records_its_replacement(tm
     rows = {n["SlurmNodeName"]: n for n in nodes(w.env, "lab")["ClusterNodeSummaries"]}
     assert all(n in rows and rows[n]["Host"] == "h3" for n in on3), sorted(rows)
     assert {rows[n]["InstanceStatus"]["Status"] for n in on3} == {"Failure"}
+
+
+def test_the_reconciler_does_not_launch_a_lost_node_recorded_replacing_during_its_pass(tmp_path, monkeypatch):
+    """The reconciler judges a pass from its one snapshot: a node read as Running whose
+    host is gone, recorded Replacing by the host watcher while the containers are listed,
+    is not taken for missing (launching it too would make a second copy on another host)."""
+    w = multi_world(tmp_path)
+    make(w)
+    on3 = sorted(n for n, h in where(w).items() if h == "h3" and n.startswith("cpu"))
+    assert on3
+    w.hosts["h3"].up = False
+    c = Cluster(w.env, "lab")
+    real = c.p.containers
+
+    once = []
+
+    def listing_then_recorded(*a, **kw):
+        got = real(*a, **kw)
+        if not once:  # the host watcher records the replacement meanwhile
+            once.append(1)
+            for n in on3:
+                w.env.store.set_phase("lab", n, "Replacing", "replacing: its host h3 does not answer")
+        return got
+
+    monkeypatch.setattr(c.p, "containers", listing_then_recorded)
+    rec = GroupReconciler(c, "cpu", Launcher(c, w.env.images.refs(w.env.node_image_defs())), clock=lambda: 1e11)
+    rec.step({n.name: n for n in w.slurm.nodes()})
+    assert not [n for n, h in where(w).items() if n in on3], where(w)  # none launched elsewhere
+    assert {w.env.store.latest_phases("lab")[n][0] for n in on3} == {"Replacing"}  # left to the watcher
