@@ -143,7 +143,11 @@ def test_killed_worker_and_dead_slurmd_come_back(hp: Hp, cluster: Callable[..., 
     ctl_id, started = ctr(docker_client, name, "controller-1").id, started_at(docker_client, name, "controller-1")
     subprocess.run(["docker", "kill", f"hp-{name}-controller-1"], check=True, capture_output=True)
     wait_back(docker_client, name, "controller-1", started, 30)
+    # a worker that registered after slurmctld last saved its state is forgotten by the
+    # killed controller: hp reboots it, and until then Slurm refuses -N2 outright
+    # ("Requested node configuration is not available"), so both must be back first
     wait_usable(docker_client, name, "cpu-1", 30)
+    wait_usable(docker_client, name, "cpu-2", 30)
     assert ctr(docker_client, name, "controller-1").id == ctl_id
     hp("exec", name, "--", "srun", "-N2", "-p", "cpu", "hostname", check=True, timeout=60)
 
