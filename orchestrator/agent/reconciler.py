@@ -76,6 +76,7 @@ class GroupReconciler:
         """One pass; returns how long until the next pass is needed."""
         # The target and the nodes' phases come from one snapshot: a delete-nodes request
         # writes its marks and the lower target together, and is seen whole.
+        placed = self.c.placements()  # before the phases: see Cluster.lost_nodes
         row, latest_all = self.c.store.snapshot(self.c.name)
         if row is None:
             return RESYNC
@@ -130,7 +131,7 @@ class GroupReconciler:
         }
         # on a registered host that does not answer: not missing (the host watcher
         # replaces them, or they come back with their host)
-        recovering |= {n for n in self.c.lost_nodes(mine, latest_all) if group_prefix(n) == prefix}
+        recovering |= {n for n in self.c.lost_nodes(mine, latest_all, placed) if group_prefix(n) == prefix}
         missing = g.InstanceCount - len(active) - len(recovering)
         used = {ci.index for ci in mine.values()} | {split_node(n)[1] for n in recovering}
         free = [i for i in range(1, g.InstanceCount + len(mine) + len(recovering) + 2) if i not in used]

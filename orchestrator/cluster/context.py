@@ -200,25 +200,34 @@ class Cluster:
         return {c.node: c for c in self.current(self.containers()) if c.is_node and c.node}
 
     def lost_nodes(
-        self, containers: dict[str, Container] | None = None, latest: Latest | None = None
+        self,
+        containers: dict[str, Container] | None = None,
+        latest: Latest | None = None,
+        placed: dict[str, str] | None = None,
     ) -> dict[str, tuple[str, str]]:
         """Nodes whose host does not answer, and that hp cannot see: node -> (host, why).
         Their containers may still be there; they are neither missing (nothing relaunches
         them on its own) nor healthy (the host watcher replaces them, or waits).
-        `latest`: the phases a caller already read (a view must judge every node from one
-        reading: read twice, a node recorded Running, then Replacing, would be neither)."""
+
+        A caller that judges nodes passes what it read, in the order replacement writes
+        in reverse: the placements (`placed`), then the phases (`latest`), then the
+        containers. A replacement records Replacing, then the new host, then makes the
+        container: read in that reverse order, a node is always lost (old host, phase
+        not yet Replacing), replacing, or seen; read otherwise (or twice) a node read as
+        Running and placed on its new host before its container exists is none of them."""
         if not self.multihost:
             return {}
-        down = self.p.unreachable()
-        if not down:
-            return {}
-        seen = self.node_containers() if containers is None else containers
+        placed = self.placements() if placed is None else placed
         if latest is None:
             latest = self.store.latest_phases(self.name)
+        seen = self.node_containers() if containers is None else containers
+        down = self.p.unreachable()  # after the listing, which finds the hosts that do not answer
+        if not down:
+            return {}
         held = ("Running", "Launching", "DeepHealthCheckInProgress", "Rebooting")
         return {
             n: (h, down[h])
-            for n, h in self.placements().items()
+            for n, h in placed.items()
             if h in down and n not in seen and latest.get(n, ("",))[0] in held
         }
 

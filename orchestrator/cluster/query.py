@@ -37,8 +37,10 @@ def list_clusters(env: Env) -> dict[str, Any]:
 
 def observe(cluster: Cluster) -> tuple[list[NodeView], bool]:
     """The cluster's nodes now. Read in the order writers write (a phase is recorded
-    after the Slurm change it describes): the history first, then Docker, then Slurm, so
-    a recorded phase is never newer than the Slurm state shown beside it."""
+    after the Slurm change it describes): the history first (placements, then phases),
+    then Docker, then Slurm, so a recorded phase is never newer than the Slurm state
+    shown beside it."""
+    placed = cluster.placements()  # before the phases: see Cluster.lost_nodes
     recorded = cluster.store.latest_phases(cluster.name)
     containers = cluster.node_containers()
     ctl = containers.get(cluster.controller_host)
@@ -50,7 +52,9 @@ def observe(cluster: Cluster) -> tuple[list[NodeView], bool]:
             up = True
         except OperationFailed:
             up = False
-    return node_views(cluster.spec, containers, snodes, recorded, up, cluster.lost_nodes(containers, recorded)), up
+    return node_views(
+        cluster.spec, containers, snodes, recorded, up, cluster.lost_nodes(containers, recorded, placed)
+    ), up
 
 
 def active_ops(env: Env, name: str) -> dict[str, list[str]]:

@@ -602,10 +602,12 @@ def test_scaling_bound_is_the_sum_over_hosts(tmp_path):
         scale(w.env, "lab", "cpu", 13)
 
 
-def test_hp_nodes_lists_a_lost_node_while_the_watcher_records_its_replacement(tmp_path, monkeypatch):
-    """The view judges every node from one reading of the phases: a node read as Running
-    whose host is gone, and recorded Replacing by the watcher while the containers are
-    listed, is still listed (once as lost, not dropped between two readings)."""
+@pytest.mark.parametrize("moved", [False, True], ids=["phase", "phase-and-host"])
+def test_hp_nodes_lists_a_lost_node_while_the_watcher_records_its_replacement(tmp_path, monkeypatch, moved):
+    """The view judges every node from one reading of the phases and placements, read
+    in the reverse of the replacement's writing order: a node read as Running whose host
+    is gone, and recorded Replacing (and placed on another host, its container not made
+    yet) by the watcher while the containers are listed, is still listed as lost."""
     w = multi_world(tmp_path)
     make(w)
     on3 = sorted(n for n, h in where(w).items() if h == "h3")
@@ -617,6 +619,8 @@ def test_hp_nodes_lists_a_lost_node_while_the_watcher_records_its_replacement(tm
         got = real(self)
         for n in on3:  # the host watcher records the replacement meanwhile
             w.env.store.set_phase("lab", n, "Replacing", "replacing: its host h3 does not answer")
+            if moved:
+                w.env.store.set_node_host("lab", n, "h1")
         return got
 
     monkeypatch.setattr(Cluster, "node_containers", listing_then_recorded)
@@ -625,7 +629,8 @@ def test_hp_nodes_lists_a_lost_node_while_the_watcher_records_its_replacement(tm
     assert {rows[n]["InstanceStatus"]["Status"] for n in on3} == {"Failure"}
 
 
-def test_the_reconciler_does_not_launch_a_lost_node_recorded_replacing_during_its_pass(tmp_path, monkeypatch):
+@pytest.mark.parametrize("moved", [False, True], ids=["phase", "phase-and-host"])
+def test_the_reconciler_does_not_launch_a_lost_node_recorded_replacing_during_its_pass(tmp_path, monkeypatch, moved):
     """The reconciler judges a pass from its one snapshot: a node read as Running whose
     host is gone, recorded Replacing by the host watcher while the containers are listed,
     is not taken for missing (launching it too would make a second copy on another host)."""
@@ -645,6 +650,8 @@ def test_the_reconciler_does_not_launch_a_lost_node_recorded_replacing_during_it
             once.append(1)
             for n in on3:
                 w.env.store.set_phase("lab", n, "Replacing", "replacing: its host h3 does not answer")
+                if moved:
+                    w.env.store.set_node_host("lab", n, "h1")
         return got
 
     monkeypatch.setattr(c.p, "containers", listing_then_recorded)
