@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..errors import EngineError, EngineUnavailable, ObjectMissing
-from ..naming import L_CLUSTER, L_MANAGED
+from ..naming import L_CLUSTER, L_MANAGED, L_ROLE
 from .provider import FileMap, Log
 from .views import (
     Container,
@@ -62,6 +62,35 @@ def _errors(what: str) -> Iterator[None]:
         raise EngineError(f"{what}: {_short(e)}") from None
     except OSError as e:  # the socket itself (the engine went away mid-call)
         raise EngineUnavailable(DOCKER_HELP.format(detail=f" ({_short(e)})")) from None
+
+
+def _not_paused(e: EngineError) -> bool:
+    """The engine's answer to unpausing a container that is not frozen (the usual case of
+    a blind thaw): Docker 20.10 says 500 "... is not paused" (or, once its cgroup was
+    thawed under it, runc's "container not paused"), later engines 409."""
+    return e.status == 409 or (e.status == 500 and "not paused" in str(e))
+
+
+class _Stuck(Exception):
+    """The engine did not answer an unpause in time (see DockerEngine.unfreeze)."""
+
+
+UNPAUSE_TIMEOUT_S = 10.0
+# Thaws the freezer cgroup of container $1 (a full ID, never user input), with the host's
+# /sys/fs/cgroup at /cg: cgroup v1 (cgroupfs or systemd driver), then v2, then anywhere
+# below (an engine nested in a container).
+THAW_SCRIPT = r"""
+for f in "/cg/freezer/docker/$1/freezer.state" "/cg/freezer/system.slice/docker-$1.scope/freezer.state" \
+         $(find /cg/freezer -maxdepth 6 -path "*$1*" -name freezer.state 2>/dev/null); do
+  if [ -w "$f" ]; then echo THAWED > "$f" && echo "thawed $f" && exit 0; fi
+done
+for f in "/cg/docker/$1/cgroup.freeze" "/cg/system.slice/docker-$1.scope/cgroup.freeze" \
+         $(find /cg -maxdepth 6 -path "*$1*" -name cgroup.freeze 2>/dev/null); do
+  if [ -w "$f" ]; then echo 0 > "$f" && echo "thawed $f" && exit 0; fi
+done
+echo "no writable freezer cgroup for $1 under /sys/fs/cgroup" >&2
+exit 3
+"""
 
 
 class DockerEngine:
@@ -319,6 +348,7 @@ class DockerEngine:
             res = api.create_container(
                 spec.image,
                 command=spec.command,
+                entrypoint=spec.entrypoint,
                 name=spec.name,
                 hostname=spec.hostname if not spec.network_of and spec.network != "host" else None,
                 labels=spec.labels,
@@ -369,18 +399,81 @@ class DockerEngine:
 
     def restart(self, container: str, timeout: int = 2) -> None:
         """Restart; a frozen container (docker pause, or a cgroup left frozen by an engine
-        that stopped mid-kill) is thawed first, so that its processes can be stopped."""
-        with _errors(f"restart {container}"):
-            paused = self.api.inspect_container(container)["State"].get("Paused")
-        if paused:
-            try:
-                with _errors(f"unpause {container}"):
-                    self.api.unpause(container)
-            except EngineError as e:
-                if e.status != 409:  # 409: thawed meanwhile
-                    raise
+        that stopped mid-kill) is thawed first (`unfreeze`), so that its processes can stop."""
+        self.unfreeze(container)
         with _errors(f"restart {container}"):
             self.api.restart(container, timeout=timeout)
+
+    def unfreeze(self, container: str) -> bool:
+        """Thaw a frozen container; True if it was frozen.
+
+        Tried blind, never after an inspect. Docker 20.10 holds a container's exec lock
+        while an exec starts, and an exec that began as the container froze never finishes
+        starting (its `runc init` froze too): every inspect, unpause and forced remove of
+        that container then waits for good (seen with `docker pause` during hp's own
+        `scontrol` execs). When the engine's unpause does not answer within
+        UNPAUSE_TIMEOUT_S, the container's freezer cgroup is thawed from a short-lived
+        helper container (its own image, no network, the host's cgroup tree mounted), which
+        lets the stuck exec finish; the engine answers again."""
+        try:
+            self._unpause(container)
+            return True
+        except _Stuck:
+            pass
+        except EngineError as e:
+            if _not_paused(e):
+                return False
+            raise
+        self._thaw_cgroup(container)
+        try:
+            self._unpause(container)
+        except EngineError as e:  # thawed under the engine: runc says "not paused"
+            if not _not_paused(e):
+                raise
+        return True
+
+    def _unpause(self, container: str) -> None:
+        import requests
+
+        api = self.api
+        with _errors(f"unpause {container}"):
+            try:
+                res = api._post(api._url("/containers/{0}/unpause", container), timeout=UNPAUSE_TIMEOUT_S)
+            except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError) as e:
+                # over a unix socket docker-py reports a read timeout as a ConnectionError
+                if isinstance(e, requests.exceptions.ReadTimeout) or "timed out" in str(e).lower():
+                    raise _Stuck(container) from None
+                raise
+            api._raise_for_status(res)
+
+    def _thaw_cgroup(self, container: str) -> None:
+        with _errors(f"find {container}"):
+            found = [
+                c
+                for flt in ({"id": container}, {"name": container})
+                for c in self.api.containers(all=True, filters=flt)
+                if c["Id"].startswith(container) or f"/{container}" in c.get("Names", [])
+            ]
+        if not found:
+            raise ObjectMissing(f"unpause {container}: no such container")
+        cid, image = found[0]["Id"], found[0]["Image"]
+        r = self.run_once(
+            ContainerSpec(
+                name=f"hp-thaw-{cid[:12]}",
+                image=image,
+                labels={L_MANAGED: "1", L_ROLE: "thaw"},
+                network="none",
+                binds=["/sys/fs/cgroup:/cg:rw"],
+                entrypoint=["sh", "-c", THAW_SCRIPT, "thaw", cid],
+                init=False,
+            ),
+            timeout=60,
+        )
+        if r.exit_code != 0:
+            raise EngineError(
+                f"unpause {container}: the engine does not answer (an exec stuck in the frozen container) "
+                f"and its freezer cgroup could not be thawed: {r.output.strip()[-300:]}"
+            )
 
     def kill(self, container: str) -> None:
         try:
@@ -391,8 +484,15 @@ class DockerEngine:
                 raise
 
     def remove_container(self, container: str) -> None:
-        with _ignore_missing(), _errors(f"remove {container}"):
-            self.api.remove_container(container, force=True, v=False)
+        try:
+            with _ignore_missing(), _errors(f"remove {container}"):
+                self.api.remove_container(container, force=True, v=False)
+        except EngineError as e:
+            if "timed out" not in str(e).lower():
+                raise
+            self.unfreeze(container)  # wedged frozen (see unfreeze): answers nothing until thawed
+            with _ignore_missing(), _errors(f"remove {container}"):
+                self.api.remove_container(container, force=True, v=False)
 
     def containers(self, cluster: str | None = None, extra_labels: dict[str, str] | None = None) -> list[Container]:
         flt = [_label_filter(cluster)] + [f"{k}={v}" for k, v in (extra_labels or {}).items()]

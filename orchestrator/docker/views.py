@@ -218,6 +218,7 @@ class ContainerSpec:
     memory_bytes: int | None = None
     gpus: GpuWiring | None = None
     command: list[str] | None = None
+    entrypoint: list[str] | None = None  # None: the image's
     ports: dict[int, tuple[str, int]] = field(
         default_factory=dict
     )  # container port -> (host ip, host port; 0: any free)

@@ -148,3 +148,55 @@ def test_engine_restart_with_a_cluster_alive(hp, tmp_path):
         f"converged {took:.1f} s later",
         file=sys.stderr,
     )
+
+
+def test_a_container_wedged_by_pause_during_an_exec_is_thawed_and_restarted():
+    """Docker 20.10: `docker pause` while an exec starts leaves the container wedged (the
+    exec's `runc init` froze; inspect, unpause and rm -f never answer). hp's restart (what
+    a reboot does) thaws it through its freezer cgroup and restarts it, in bounded time."""
+    import docker as dockerpy
+
+    from orchestrator.docker.engine import DockerEngine
+
+    api = dockerpy.APIClient(timeout=30)
+    probe = dockerpy.APIClient(timeout=5)
+    image = next(t for i in api.images(name="hp-worker") for t in i["RepoTags"] or [])
+    cid = api.create_container(image, entrypoint=["sleep", "600"], labels={"io.hp.managed": "1"})["Id"]
+    api.start(cid)
+    stop = threading.Event()
+
+    def execs() -> None:
+        while not stop.is_set():
+            try:
+                api.exec_start(api.exec_create(cid, ["true"])["Id"])
+            except dockerpy.errors.APIError:  # paused: refused at once
+                time.sleep(0.01)
+            except Exception:  # noqa: BLE001 - a read timeout while wedged: try again
+                time.sleep(0.1)
+
+    t = threading.Thread(target=execs, daemon=True)
+    t.start()
+    wedged = 0
+    try:
+        for attempt in range(30):
+            time.sleep(0.2)
+            api.pause(cid)
+            try:
+                probe.inspect_container(cid)
+            except Exception:  # noqa: BLE001 - the read timeout is the wedge
+                wedged = attempt + 1
+                break
+            api.unpause(cid)
+        stop.set()
+        if not wedged:
+            pytest.skip("this engine did not wedge in 30 pauses during execs (fixed in Docker 23)")
+        t0 = time.monotonic()
+        DockerEngine().restart(cid, timeout=1)
+        took = time.monotonic() - t0
+        state = probe.inspect_container(cid)["State"]
+        assert state["Running"] and not state["Paused"], state
+        assert took < 45, took
+        print(f"\nwedged at pause {wedged}; thawed and restarted in {took:.1f} s", file=sys.stderr)
+    finally:
+        stop.set()
+        DockerEngine().remove_container(cid)

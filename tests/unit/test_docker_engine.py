@@ -23,7 +23,7 @@ import requests
 import urllib3
 
 from orchestrator.docker import engine as engine_mod
-from orchestrator.docker.engine import DockerEngine, _exit_code, _read_multiplexed
+from orchestrator.docker.engine import UNPAUSE_TIMEOUT_S, DockerEngine, _exit_code, _read_multiplexed
 from orchestrator.docker.views import ContainerSpec, Event, ExecHandle
 from orchestrator.errors import EngineError, EngineUnavailable, ObjectMissing
 from orchestrator.gpu.wiring import GpuWiring
@@ -59,7 +59,7 @@ def recorded_error(call: str) -> docker.errors.APIError:
 IO_METHODS = (
     "ping info create_network remove_network networks create_volume remove_volume volumes create_container "
     "put_archive get_archive start restart unpause kill remove_container containers inspect_container logs exec_create "
-    "exec_start exec_inspect events inspect_image pull import_image_from_file build tag load_image _get wait"
+    "exec_start exec_inspect events inspect_image pull import_image_from_file build tag load_image _get _post wait"
 ).split()
 
 
@@ -440,18 +440,77 @@ def test_create_container_errors_are_typed() -> None:
     assert ei.value.conflict and not isinstance(ei.value, ObjectMissing)
 
 
-def test_start_restart_kill_remove() -> None:
+def answer(call: str | None) -> Any:
+    """What the engine answers a raw POST: 204, or the recorded error of `call`."""
+
+    def post(*_: Any, **__: Any) -> requests.Response:
+        resp = requests.Response()
+        if call is None:
+            resp.status_code, resp._content = 204, b""
+        else:
+            rec = next(e for e in fx("errors") if e["call"] == call)
+            resp.status_code, resp._content = rec["status_code"], rec["body"].encode()
+        resp.url, resp.reason = "http+docker://localhost/v1.41/recorded", "recorded"
+        return resp
+
+    return post
+
+
+def test_a_container_wedged_frozen_is_thawed_through_its_cgroup_then_restarted() -> None:
+    """docker pause during an exec on Docker 20.10: the unpause never answers; hp thaws the
+    container's freezer cgroup from a helper container of the same image, then goes on."""
+    posts = [requests.exceptions.ReadTimeout("Read timed out. (read timeout=10)"), answer("unpause(not paused)")()]
+
+    def post(*_: Any, **__: Any) -> Any:
+        a = posts.pop(0)
+        if isinstance(a, BaseException):
+            raise a
+        return a
+
+    full = "4e6afb1515e2b6f8ea0c8365968dbb0b1eb482302dcd8b12c53b7033c457b810"
+    listed = [{"Id": full, "Image": "hp-worker:abc", "Names": ["/hp-x-controller-1"], "State": "paused"}]
     e, api = engine(
-        start=None, restart=None, kill=None, remove_container=None, inspect_container={"State": {"Paused": False}}
+        _post=post,
+        containers=lambda all, filters: listed if filters in ({"id": full}, {"name": full}) else [],
+        create_container={"Id": "h1"},
+        start=None,
+        wait={"StatusCode": 0},
+        logs=b"thawed /cg/freezer/docker/" + full.encode() + b"/freezer.state\n",
+        remove_container=None,
+        restart=None,
     )
+    e.restart(full, timeout=2)
+    (img,), kw = api.called("create_container")[0]
+    assert img == "hp-worker:abc" and kw["entrypoint"][:2] == ["sh", "-c"] and kw["entrypoint"][3:] == ["thaw", full]
+    assert kw["host_config"]["Binds"] == ["/sys/fs/cgroup:/cg:rw"] and kw["host_config"]["NetworkMode"] == "none"
+    assert kw["labels"]["io.hp.role"] == "thaw" and "io.hp.cluster" not in kw["labels"]
+    assert api.called("remove_container") == [(("h1",), {"force": True, "v": False})]  # the helper, gone
+    assert api.called("restart") == [((full,), {"timeout": 2})] and api.called("inspect_container") == []
+    # a helper that finds no freezer to thaw: the reason, not a hang
+    posts[:] = [requests.exceptions.ReadTimeout("Read timed out.")]
+    api.answers.update(wait={"StatusCode": 3}, logs=b"no writable freezer cgroup for x under /sys/fs/cgroup\n")
+    with pytest.raises(EngineError) as ei:
+        e.restart(full, timeout=2)
+    assert "could not be thawed" in str(ei.value) and "no writable freezer cgroup" in str(ei.value)
+
+
+def test_start_restart_kill_remove() -> None:
+    e, api = engine(start=None, restart=None, kill=None, remove_container=None, _post=answer("unpause(not paused)"))
     e.start("c1")
-    e.restart("c1", timeout=7)
-    assert api.called("unpause") == []
-    api.answers.update(inspect_container={"State": {"Paused": True}}, unpause=None)
+    e.restart("c1", timeout=7)  # not frozen (20.10's 500 "is not paused"): restarted
+    api.answers.update(_post=answer(None))
     e.restart("c1", timeout=7)  # frozen: thawed first
-    assert api.called("unpause") == [(("c1",), {})]
-    api.answers.update(unpause=recorded_error("kill(stopped)"))
-    e.restart("c1", timeout=7)  # thawed meanwhile (409): restarted all the same
+    api.answers.update(_post=answer("kill(stopped)"))
+    e.restart("c1", timeout=7)  # a 409 (later engines' "not paused", or thawed meanwhile): restarted all the same
+    assert [a[0] for a, _ in api.called("_post")] == ["http+docker://localhost/v1.41/containers/c1/unpause"] * 3
+    assert all(k == {"timeout": UNPAUSE_TIMEOUT_S} for _, k in api.called("_post"))
+    # never an inspect first: Docker 20.10 holds its exec lock while an exec starts in a
+    # container that froze meanwhile, and every inspect of it waits for the thaw
+    assert api.called("inspect_container") == []
+    api.answers.update(_post=answer("pull(no registry)"))  # another 500: a real failure
+    with pytest.raises(EngineError):
+        e.restart("c1", timeout=7)
+    api.answers.update(_post=answer(None))
     e.kill("c1")
     e.remove_container("c1")
     assert api.called("restart") == [(("c1",), {"timeout": 7})] * 3
