@@ -554,11 +554,24 @@ class FakeSlurm:
             base = "IDLE" if sn.base == "DOWN" else sn.base
             self.nodes_[n] = replace(sn, state=(base, *[f for f in sn.state[1:] if f not in ("DRAIN", "FAIL")]))
 
+    def down(self, nodes: list[str], reason: str) -> None:
+        if not nodes:
+            return
+        self._check()
+        self.calls.append(("down", tuple(nodes)))
+        for n in nodes:
+            sn = self.nodes_[n]
+            self.nodes_[n] = replace(sn, state=("DOWN", *[f for f in sn.state[1:] if f != "DRAIN"]), reason=reason)
+
     def delete(self, nodes: list[str]) -> None:
         if not nodes:
             return
         self._check()
         self.calls.append(("delete", tuple(nodes)))
+        for n in nodes:  # as slurmctld: never a node that holds jobs (running or completing)
+            sn = self.nodes_.get(n)
+            if sn is not None and (sn.base in ("ALLOCATED", "MIXED") or "COMPLETING" in sn.state):
+                raise OperationFailed(f"scontrol delete nodename={n}: Node has jobs or is completing (fake)")
         for n in nodes:
             self.nodes_.pop(n, None)
 

@@ -19,7 +19,7 @@ from ..cluster.launcher import Launcher
 from ..docker.views import Container
 from ..errors import TRANSIENT, BadInput, LaunchError, OperationFailed
 from ..naming import ROLE_BY_NODE_TYPE, node_id, split_node
-from ..slurm.model import ONSTART_REASON, SlurmNode
+from ..slurm.model import ONSTART_REASON, REBOOTING_REASON, SlurmNode
 from ..state.phases import Phase, allowed, owner
 
 POLL_S = 0.2
@@ -246,11 +246,21 @@ def _slurm_node(cluster: Cluster, node: str) -> SlurmNode | None:
 
 def _forget(cluster: Cluster, t: Target) -> None:
     """Delete a worker's Slurm record before it comes back, so that it registers afresh
-    (idle, no stale Action:* reason). Slurm refuses while the node holds jobs: then the
-    old record revives on registration (ReturnToService=2) or is resumed."""
+    (idle, no stale Action:* reason). Slurm refuses while the node holds jobs: their
+    processes died with the container, but Slurm would wait for them for good (a job
+    RUNNING past its end, or one COMPLETING on a node killed mid-completion). So the node
+    is set DOWN first, which makes Slurm end or requeue them (NODE_FAIL), then deleted;
+    if Slurm still refuses, the old record revives on registration (ReturnToService=2)
+    and is resumed (wait_usable: REBOOTING_REASON is hp's)."""
     if t.role != "worker":
         return
     try:
+        cluster.slurm.delete([t.node])
+        return
+    except OperationFailed:
+        pass
+    try:
+        cluster.slurm.down([t.node], REBOOTING_REASON)
         cluster.slurm.delete([t.node])
     except OperationFailed:
         pass

@@ -45,6 +45,9 @@ class Slurm(Protocol):
 
     def resume(self, nodes: list[str]) -> None: ...
 
+    def down(self, nodes: list[str], reason: str) -> None:
+        """Set nodes DOWN: Slurm ends (or requeues) the jobs it has on them."""
+
     def delete(self, nodes: list[str]) -> None:
         """Remove dynamic nodes' records (Slurm refuses while they hold jobs)."""
 
@@ -144,6 +147,9 @@ class SlurmCli:
 
     def resume(self, nodes: list[str]) -> None:
         self._update(nodes, "resume")
+
+    def down(self, nodes: list[str], reason: str) -> None:
+        self._update(nodes, "down", reason)
 
     def delete(self, nodes: list[str]) -> None:
         if nodes:

@@ -19,6 +19,9 @@ ONSTART_REASON = "hp-health:on-start:pending"  # new nodes of groups with on-sta
 # hp's passive GPU monitor drains with hp-gpu:<action>:<finding code> <message> (health/gpumonitor.py)
 GPU_MONITOR_PREFIX = "hp-gpu:"
 REMOVING_REASON = "hp: removing node"  # scale-down / delete-nodes drain
+# a worker rebooted or replaced while Slurm still had jobs on it: set DOWN so that Slurm
+# ends them (their processes died with the container) instead of waiting for them forever
+REBOOTING_REASON = "hp: node rebooted, its jobs ended"
 DELETING_REASON = "hp delete"  # the whole cluster goes
 ACTION_REBOOT = "Action:Reboot"  # an admin's recovery requests (HyperPod's convention)
 ACTION_REPLACE = "Action:Replace"
@@ -26,7 +29,7 @@ ACTION_REPLACE = "Action:Replace"
 SLURM_OWN_REASONS = ("Not responding", "Node unexpectedly rebooted")
 # Reasons hp may clear with `state=resume` once the node answers again: the admin's
 # recovery requests and Slurm's own verdicts. Any other reason is someone's.
-RESUMABLE_REASONS = (ACTION_REBOOT, ACTION_REPLACE, *SLURM_OWN_REASONS)
+RESUMABLE_REASONS = (ACTION_REBOOT, ACTION_REPLACE, REBOOTING_REASON, *SLURM_OWN_REASONS)
 
 # -- jobs -----------------------------------------------------------------------------
 JOB_ENDED = frozenset(
@@ -119,7 +122,7 @@ class SlurmNode:
         return (
             self.held
             and bool(self.reason)
-            and not self.reason.startswith((*SLURM_OWN_REASONS, HEALTH_PREFIX, GPU_MONITOR_PREFIX))
+            and not self.reason.startswith((*SLURM_OWN_REASONS, REBOOTING_REASON, HEALTH_PREFIX, GPU_MONITOR_PREFIX))
         )
 
     @property

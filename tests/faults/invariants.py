@@ -114,12 +114,15 @@ def converge(hp: Hp, name: str, timeout: float = 120.0) -> float:
     last: list[str] = []
     looked = -LOOK_EVERY_S
     while time.monotonic() - t0 < timeout:
-        if time.monotonic() - looked >= LOOK_EVERY_S:  # as a user would: `hp describe` (it restarts a dead agent)
-            looked = time.monotonic()
+        t1 = time.monotonic()
+        if t1 - looked >= LOOK_EVERY_S:  # as a user would: `hp describe` (it restarts a dead agent)
+            looked = t1
             hp("describe", name, "--json")
+        t2 = time.monotonic()
         last = observe(hp, name).problems
         if os.environ.get("HP_FAULT_TRACE"):
-            print(f"  {time.monotonic() - t0:6.1f} s {last}", file=sys.stderr)
+            took = f"describe {t2 - t1:.1f} s, observe {time.monotonic() - t2:.1f} s"
+            print(f"  {time.monotonic() - t0:6.1f} s ({took}) {last}", file=sys.stderr)
         if not last:
             return time.monotonic() - t0
         time.sleep(1.0)

@@ -4,6 +4,7 @@ health check's worker. Seeded and printed, so a failure can be replayed:
 
     HP_FAULT_SEED=1234 make faults          # replay
     HP_FAULT_POINTS=200 make faults         # the long campaign
+    HP_FAULT_CLUSTERS=1 make faults         # one cluster at a time (default: 2 side by side)
 
 After every point the cluster must converge: no duplicate, no leak, Slurm matching
 Docker, every node Running (tests/faults/invariants.py). Convergence times are printed.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import os
 import random
 import sys
+import threading
 import time
 
 from conftest import small_spec, write_spec
@@ -21,20 +23,21 @@ from invariants import converge, kill_agent, summary
 
 POINTS = int(os.environ.get("HP_FAULT_POINTS", "20"))
 SEED = int(os.environ.get("HP_FAULT_SEED", str(int(time.time()) % 100000)))
+# The points are shared out over this many clusters, run side by side: a point mostly
+# waits (the machine's load stays under one core), so two campaigns take little more
+# than one. Each cluster's sequence of operations and kill delays is seeded.
+CLUSTERS = int(os.environ.get("HP_FAULT_CLUSTERS", "2"))
 
 
-def test_agent_sigkill_at_random_moments(hp, tmp_path):
-    rnd = random.Random(SEED)
-    print(f"\nfault campaign: seed {SEED}, {POINTS} points (replay: HP_FAULT_SEED={SEED})", file=sys.stderr)
-    name = hp.name("fk")
+def campaign(hp, tmp_path, k: int, points: int, out: list[str], times: dict[str, list[float]]) -> None:
+    rnd = random.Random(SEED * 100 + k)
+    name = hp.name(f"fk{k}")
     doc = small_spec(
         name, [("cpu", "cpu.nano", 2), ("chk", "cpu.nano", 0)], login=False, NodeProvisioningMode="Continuous"
     )
     doc["InstanceGroups"][0]["InstanceType"] = "cpu.nano"
     doc["InstanceGroups"][2]["OnStartDeepHealthChecks"] = ["InstanceStress"]
-    spec = write_spec(tmp_path / "s.json", doc)
-    times: dict[str, list[float]] = {}
-    lines = []
+    spec = write_spec(tmp_path / f"s{k}.json", doc)
 
     def point(i: int, what: str, act) -> None:
         delay = rnd.uniform(0.0, 2.5)
@@ -45,16 +48,15 @@ def test_agent_sigkill_at_random_moments(hp, tmp_path):
         took = converge(hp, name, timeout=150)
         times.setdefault(what, []).append(took)
         line = (
-            f"point {i:3d} {what:<14} kill after {delay:4.2f} s (agent pid {killed}): converged in {took:5.1f} s "
-            f"({time.monotonic() - t0:5.1f} s in all)"
+            f"cluster {k} point {i:3d} {what:<14} kill after {delay:4.2f} s (agent pid {killed}): "
+            f"converged in {took:5.1f} s ({time.monotonic() - t0:5.1f} s in all)"
         )
-        lines.append(line)
+        out.append(line)
         print(line, file=sys.stderr)
 
     point(0, "create", lambda: hp("create", "-f", str(spec), "--no-wait", "--timeout", "120", check=True))
     counts = {"cpu": 2, "chk": 0}
-    i = 1
-    while i < POINTS:
+    for i in range(1, points):
         kind = rnd.choice(["scale-up", "scale-down", "delete-nodes", "on-start"])
         if kind == "scale-up" or (kind in ("scale-down", "delete-nodes") and counts["cpu"] <= 1):
             counts["cpu"] = min(counts["cpu"] + rnd.randint(1, 3), 6)
@@ -70,7 +72,31 @@ def test_agent_sigkill_at_random_moments(hp, tmp_path):
         else:
             counts["chk"] = 1 if counts["chk"] == 0 else 0
             point(i, "on-start", lambda: hp("scale", name, "chk", str(counts["chk"]), check=True))
-        i += 1
+
+
+def test_agent_sigkill_at_random_moments(hp, tmp_path):
+    n = max(1, min(CLUSTERS, POINTS))
+    print(
+        f"\nfault campaign: seed {SEED}, {POINTS} points over {n} clusters (replay: HP_FAULT_SEED={SEED})",
+        file=sys.stderr,
+    )
+    lines: list[str] = []
+    times: dict[str, list[float]] = {}
+    errors: list[BaseException] = []
+
+    def run(k: int) -> None:
+        try:
+            campaign(hp, tmp_path, k, POINTS // n + (1 if k < POINTS % n else 0), lines, times)
+        except BaseException as e:  # noqa: BLE001 - handed to the test's thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(k,), name=f"campaign-{k}") for k in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
     every = [t for v in times.values() for t in v]
     out = [summary("all", every)] + [summary(k, v) for k, v in sorted(times.items())]
     print("\n".join(out), file=sys.stderr)

@@ -42,6 +42,21 @@ def test_reboot_restarts_the_container_and_waits_for_slurm(w):
     assert any("was rebooted: container died" in e.description for e in w.env.store.events("lab"))
 
 
+@pytest.mark.parametrize("state", [("ALLOCATED",), ("IDLE", "COMPLETING")])
+def test_a_worker_that_died_with_jobs_is_set_down_so_slurm_ends_them(w, state):
+    """Slurm keeps a dead node's jobs RUNNING (or COMPLETING) for good and refuses to
+    delete it: hp sets it DOWN (Slurm ends the jobs, NODE_FAIL), then deletes it."""
+    from dataclasses import replace
+
+    c = Cluster(w.env, "lab")
+    w.slurm.nodes_["cpu-1"] = replace(w.slurm.nodes_["cpu-1"], state=state)
+    w.provider.die("lab", "cpu-1")
+    assert actions.reboot(c, "cpu-1", "container died", wait=2)
+    calls = [k for k in w.slurm.calls if k[1] == ("cpu-1",)]
+    assert calls[:3] == [("delete", ("cpu-1",)), ("down", ("cpu-1",)), ("delete", ("cpu-1",))]
+    assert phase(w, "cpu-1") == "Running" and w.slurm.nodes_["cpu-1"].usable
+
+
 def test_reboot_keeping_the_node_drained_for_a_health_check(w):
     c = Cluster(w.env, "lab")
     assert actions.reboot(c, "cpu-2", "check failed", wait=2, keep_drained="hp-health:hc-1:InstanceStress")
