@@ -136,7 +136,8 @@ class RecoveryWatcher:
         return "lost" if at - since >= LOST_AFTER_S else cond
 
     def on_event(self, ev: Event) -> None:
-        """A Docker container event: 'die' means the node's main process ended."""
+        """A Docker container event: 'die' means the node's main process ended, 'pause'
+        that the container froze."""
         node, role = ev.node, ev.role
         if not node or role not in ("controller", "login", "worker"):
             return
@@ -144,8 +145,12 @@ class RecoveryWatcher:
             with self._lock:
                 self._oom.add(node)  # the 'die' that follows says why
             return
-        if ev.action != "die":
+        if ev.action not in ("die", "pause"):
             return
+        # 'pause': frozen. Acted on here, not only at the next poll: a poll may itself be
+        # stuck in an exec that froze with the controller (Docker 20.10), and only the
+        # reboot's thaw (DockerEngine.unfreeze) frees it.
+        cond = "died" if ev.action == "die" else "paused"
         if ev.host and self.cluster.placements().get(node, ev.host) != ev.host:
             return  # a stale copy on a host that came back (the node runs elsewhere): removed, never recovered
         automatic = self._automatic()
@@ -159,8 +164,8 @@ class RecoveryWatcher:
                 sn = next((n for n in self.cluster.slurm.nodes() if n.name == node), None)
             except TRANSIENT as e:  # the controller may be down too: use the last poll's
                 log.info("Slurm of %s did not answer: %s", self.name, e)
-        why = describe_fact("died", sn, ev.exit_code, oom)
-        seen = Seen(node, role, "died", slurm_condition(sn), ev.time or time.time(), why)
+        why = describe_fact(cond, sn, ev.exit_code, oom)
+        seen = Seen(node, role, cond, slurm_condition(sn), ev.time or time.time(), why)
         self.consider(seen, automatic, self.env.store.latest_phases(self.name).get(node))
 
     def consider(self, seen: Seen, automatic: bool, recorded: tuple[str, str, float] | None) -> None:

@@ -215,6 +215,17 @@ def test_watcher_acts_on_docker_die_events(w):
     assert len(calls) == 1
 
 
+def test_watcher_acts_on_a_pause_event_without_waiting_for_its_poll(w):
+    """A frozen controller is rebooted from its 'pause' event: the poll may be stuck in an
+    exec that froze with it (Docker 20.10), and only the reboot's thaw frees it."""
+    calls: list = []
+    wt = watcher(w, calls)
+    ctl = w.provider.node("lab", "controller-1")
+    wt.on_event(Event("pause", ctl.id, dict(ctl.spec.labels), time.time()))
+    join(wt)
+    assert calls and calls[0][:2] == (REBOOT, "controller-1")
+
+
 def test_watcher_runs_until_stopped_and_reports_a_bug_in_an_action(w):
     def buggy(cluster, action, node, why, wait):
         raise TypeError("a bug")
