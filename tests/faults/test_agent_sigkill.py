@@ -24,7 +24,7 @@ from invariants import converge, kill_agent, summary
 POINTS = int(os.environ.get("HP_FAULT_POINTS", "20"))
 SEED = int(os.environ.get("HP_FAULT_SEED", str(int(time.time()) % 100000)))
 # The points are shared out over this many clusters, run side by side: a point mostly
-# waits (the machine's load stays under one core), so two campaigns take little more
+# waits (the machine's load stays under one core), so side-by-side campaigns take little more
 # than one. Each cluster's sequence of operations and kill delays is seeded. Measured once on
 # the 2-core VM with seed 54763 (the points share out differently): 376 s over two clusters,
 # 220 s over three, with no slower convergence per point (median 30.2 s and 18.8 s).
