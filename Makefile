@@ -8,6 +8,8 @@ HP := $(VENV)/bin/hp
 DEMO ?= demo
 PYTEST_ARGS ?=
 COVERAGE_MIN ?= 85
+# e2e and fault tests side by side: they mostly wait for containers and daemons
+E2E_WORKERS ?= 4
 
 .PHONY: all venv docker images demo demo-clean test lint unit e2e faults bench clean
 
@@ -43,16 +45,21 @@ lint: venv
 
 # unit tests: pure logic and orchestration against the in-memory fakes (tests/fakes.py), with coverage
 unit: venv
-	$(PY) -m pytest tests/unit -q --cov=orchestrator --cov-report=term --cov-fail-under=$(COVERAGE_MIN) $(PYTEST_ARGS)
+	$(PY) -m pytest tests/unit -q -n 2 --cov=orchestrator --cov-report=term --cov-fail-under=$(COVERAGE_MIN) $(PYTEST_ARGS)
 
+# e2e and fault tests on E2E_WORKERS xdist workers (tests that share a module's cluster are one
+# xdist_group), then the `serial` ones alone (the engine restart disturbs every other test)
 e2e: images
-	$(PY) -m pytest tests/e2e tests/faults -v --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest tests/e2e tests/faults -v --durations=25 -n $(E2E_WORKERS) --dist loadgroup -m "not serial" $(PYTEST_ARGS)
+	$(PY) -m pytest tests/e2e tests/faults -v -m serial $(PYTEST_ARGS)
 
 # the long fault campaign (by hand): HP_FAULT_POINTS=200 make faults
 faults: images
 	HP_FAULTS_LONG=1 $(PY) -m pytest tests/faults -v $(PYTEST_ARGS)
 
-test: lint unit e2e
+# every phase timed (scripts/test-phases.sh): venv, docker, images, lint, unit, e2e
+test:
+	@bash scripts/test-phases.sh
 
 bench: images
 	$(PY) bench/create.py

@@ -15,6 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from orchestrator.cluster.delete import remove_network  # noqa: E402
 from orchestrator.docker.engine import DockerEngine as DockerProvider
 from orchestrator.docker.images import Images  # noqa: E402
 from orchestrator.docker.views import ContainerSpec  # noqa: E402
@@ -121,7 +122,7 @@ def floor(n: int, itype: str = "bench.tiny") -> float:
         finally:
             with ThreadPoolExecutor(32) as ex:
                 list(ex.map(p.remove_container, ids))
-            p.remove_network(net)
+            remove_network(p, net)  # as hp's delete: Docker may count the endpoints a moment longer
 
 
 def hp(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

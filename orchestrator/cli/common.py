@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import typer
 
-from ..cluster.context import Env
 from .output import Out
+
+if TYPE_CHECKING:
+    from ..cluster.context import Env
 
 EXIT_CODES = "Exit codes: 0 success, 1 operation failed, 2 bad input, 3 timeout waiting."
 JsonOpt = typer.Option(False, "--json", help="Machine-readable JSON on stdout.")
 
 
 def env() -> Env:
+    """The program's environment, imported when a command runs: the CLI itself starts with
+    typer alone, and each command loads only what it uses (docker-py, pydantic... ~0.4 s)."""
+    from ..cluster.context import Env
+
     return Env()
 
 

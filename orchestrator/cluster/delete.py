@@ -15,6 +15,26 @@ from .context import Cluster, Env, parallel
 NETWORK_BUSY_S = 15.0  # an overlay's endpoints on other hosts go a moment after their containers
 
 
+def remove_network(p: Provider, net: str) -> bool:
+    """Remove a network whose containers were just removed. Docker 20.10 may still count
+    their endpoints for a moment ("has active endpoints"; an overlay's, on other hosts,
+    a while longer): tried again for up to NETWORK_BUSY_S. False when it is left because
+    a container on a host that does not answer still uses it."""
+    deadline = time.monotonic() + NETWORK_BUSY_S
+    while True:
+        try:
+            p.remove_network(net)
+            return True
+        except EngineError as e:
+            if e.missing:
+                return True
+            if p.unreachable():  # in use by a container on a host that is away: left there
+                return False
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.3)
+
+
 def remove_resources(p: Provider, name: str) -> dict[str, int]:
     """Remove every container, then network and volume labelled for cluster `name` (on
     every reachable host; a network still in use by a container on a host that does not
@@ -22,22 +42,7 @@ def remove_resources(p: Provider, name: str) -> dict[str, int]:
     containers = p.containers(name)
     parallel(lambda c: p.remove_container(c.id), containers)
     nets = p.networks(name)
-    left = 0
-    for n in nets:
-        deadline = time.monotonic() + NETWORK_BUSY_S
-        while True:
-            try:
-                p.remove_network(n.id)
-                break
-            except EngineError as e:  # "has active endpoints": a host has not caught up yet
-                if e.missing:
-                    break
-                if p.unreachable():  # in use by a container on a host that is away: left there
-                    left += 1
-                    break
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.3)
+    left = sum(not remove_network(p, n.id) for n in nets)
     if nets and not left and not p.unreachable() and "" not in p.engines():
         # a swarm overlay leaves every host's list a moment after the manager removed it
         deadline = time.monotonic() + NETWORK_BUSY_S

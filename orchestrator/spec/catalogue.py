@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
 from importlib import resources
@@ -49,13 +50,19 @@ def _parse(doc: object, source: str) -> dict[str, InstanceType]:
     return out
 
 
+@functools.cache
+def _builtin() -> dict[str, InstanceType]:
+    """The shipped catalogue, parsed once per process (it is package data: it does not change)."""
+    text = resources.files("orchestrator").joinpath("data/instance-types.yaml").read_text()
+    return _parse(yaml.safe_load(text), "built-in catalogue")
+
+
 def load_catalogue(
     extra: str | os.PathLike[str] | None = None, discovered: dict[str, dict] | None = None
 ) -> dict[str, InstanceType]:
     """The shipped catalogue, then `discovered` types (GPU types named after the
     host's GPUs: gpu/host.py), overlaid by `extra` or $HP_INSTANCE_TYPES if set."""
-    text = resources.files("orchestrator").joinpath("data/instance-types.yaml").read_text()
-    types = _parse(yaml.safe_load(text), "built-in catalogue")
+    types = dict(_builtin())
     if discovered:
         found = _parse(discovered, "GPU types discovered on the Docker host")
         types.update({k: v for k, v in found.items() if k not in types})

@@ -21,6 +21,9 @@ from conftest import Hp, small_spec, write_spec
 from orchestrator.docker.engine import DockerEngine
 from orchestrator.services import jwt
 
+# its tests share one module-scoped cluster: one xdist worker runs them, in order
+pytestmark = pytest.mark.xdist_group("accounting")
+
 API = "slurm/v0.0.42"
 
 

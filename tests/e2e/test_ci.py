@@ -175,6 +175,7 @@ def saved_images(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Pat
     shutil.rmtree(d, ignore_errors=True)
 
 
+@pytest.mark.xdist_group("saved-images")  # one module-scoped save, one worker
 def test_action_and_example_workflow(hp: Hp, tmp_path: Path, saved_images: tuple[Path, dict[str, Any]]) -> None:
     """action.yml's steps and the example workflow, run as a runner runs them: the image
     cache hits (key from `hp images key`), the cluster comes up, the outputs are written,
@@ -285,6 +286,7 @@ def test_logs_of_failed_create_kept_with_retain(hp: Hp, tmp_path: Path) -> None:
     assert files_with(out, key) == []
 
 
+@pytest.mark.xdist_group("saved-images")  # one module-scoped save, one worker
 def test_images_save_and_load(hp: Hp, tmp_path: Path, saved_images: tuple[Path, dict[str, Any]]) -> None:
     d, saved = saved_images
     check_schema("images-save", saved)

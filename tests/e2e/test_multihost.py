@@ -29,6 +29,9 @@ from conftest import Hp, write_spec
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hosts.dind import Harness, Host, Unsupported  # noqa: E402
 
+# its tests share one module-scoped cluster: one xdist worker runs them, in order
+pytestmark = pytest.mark.xdist_group("multihost")
+
 NAME = "mhlab"
 CPUS, MEMORY_MIB = 2, 4096  # each host's capacity override (every DinD engine reports the whole machine)
 

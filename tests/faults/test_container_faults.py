@@ -121,6 +121,7 @@ def _dockerd_pid() -> int | None:
     return int(pids[0]) if pids else None
 
 
+@pytest.mark.serial
 @pytest.mark.skipif(
     not (os.environ.get("CI") or os.environ.get("HP_FAULTS_ENGINE_RESTART")),
     reason="restarts the machine's Docker engine: only in CI (CI=1) or with HP_FAULTS_ENGINE_RESTART=1",

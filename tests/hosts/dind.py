@@ -18,6 +18,7 @@ Names: every container, volume, network and image it makes starts with `prefix`
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import time
@@ -26,8 +27,44 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import docker
+from docker.errors import APIError, ImageNotFound, NotFound
+from docker.types import EndpointConfig
+from testcontainers.core.config import testcontainers_config
+from testcontainers.core.container import DockerContainer
+from testcontainers.core.waiting_utils import WaitStrategy, WaitStrategyTarget
+
 LABEL = "io.hp.dind-harness"
 HERE = Path(__file__).resolve().parent
+API_VERSION = "1.41"  # Docker 20.10's
+
+
+def _context_hash() -> str:
+    h = hashlib.sha256()
+    for f in sorted((HERE / "image").iterdir()):
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:12]
+
+
+class EngineAnswers(WaitStrategy):
+    """testcontainers wait strategy: ready when the host's own dockerd answers a ping on
+    its socket. Its TimeoutError carries the host container's last log lines."""
+
+    def __init__(self, url: str):
+        super().__init__()
+        self.url = url
+        self.with_poll_interval(0.1)
+
+    def wait_until_ready(self, container: WaitStrategyTarget) -> None:
+        c = docker.APIClient(base_url=self.url, timeout=2, version=API_VERSION)
+        try:
+            if not self._poll(c.ping, [docker.errors.DockerException, OSError]):
+                logs = container.get_wrapped_container().logs(tail=20).decode(errors="replace")
+                raise TimeoutError(
+                    f"{self.url}: dockerd did not answer in {self._startup_timeout:g} s; last log:\n{logs}"
+                )
+        finally:
+            c.close()
 
 
 @dataclass(frozen=True)
@@ -54,15 +91,17 @@ class Harness:
         self.sock_root = Path(sock_root or os.environ.get("HP_DIND_SOCK_ROOT", "/tmp"))
         self.base = base
         self.network = f"{self.prefix}hosts"
-        self.image = f"{self.prefix}dind:trixie"
+        self.image = f"{self.prefix}dind:{_context_hash()}"  # a changed entry or Dockerfile: a new image
         self._client: Any = None
+        self._hosts: dict[str, DockerContainer] = {}
+        # testcontainers' Ryuk reaper is an image from a registry, which this machine has none
+        # of: off; stop_all (and each test's cleanup) removes what the harness made
+        testcontainers_config.ryuk_disabled = True
 
     # -- the machine's engine ------------------------------------------------------------
     @property
     def docker(self) -> Any:
         if self._client is None:
-            import docker
-
             self._client = docker.from_env(timeout=300)
         return self._client
 
@@ -91,8 +130,6 @@ class Harness:
         return None
 
     def build_image(self, log: Any = print) -> str:
-        from docker.errors import ImageNotFound
-
         try:
             self.docker.images.get(self.image)
             return self.image
@@ -114,8 +151,6 @@ class Harness:
         return self.image
 
     def _has(self, ref: str) -> bool:
-        from docker.errors import ImageNotFound
-
         try:
             self.docker.images.get(ref)
             return True
@@ -123,8 +158,6 @@ class Harness:
             return False
 
     def ensure_network(self) -> None:
-        import docker
-
         if self.docker.networks.list(names=[self.network]):
             return
         ipam = docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=self.subnet)])
@@ -133,56 +166,49 @@ class Harness:
     # -- hosts ------------------------------------------------------------------------------
     def wait_engine(self, name: str, timeout: float = 90.0) -> float:
         """Seconds until the host's engine answers (TimeoutError with its log otherwise)."""
-        import docker
-
         t0 = time.monotonic()
-        c = docker.APIClient(base_url=self.url(name), timeout=2, version="1.41")
-        try:
-            while True:
-                try:
-                    if c.ping():
-                        return time.monotonic() - t0
-                except Exception:  # noqa: BLE001 - not up yet
-                    pass
-                if time.monotonic() - t0 > timeout:
-                    logs = self.docker.containers.get(name).logs(tail=20).decode(errors="replace")
-                    raise TimeoutError(f"{name}: dockerd did not answer in {timeout:g} s; last log:\n{logs}")
-                time.sleep(0.1)
-        finally:
-            c.close()
+        EngineAnswers(self.url(name)).with_startup_timeout(timeout).wait_until_ready(self._host(name))
+        return time.monotonic() - t0
 
-    def _start_one(self, i: int) -> Host:
-        d = self.docker
+    def _host(self, name: str) -> DockerContainer:
+        """The testcontainers handle of a host (one made by another Harness: found by name)."""
+        if name not in self._hosts:
+            tc = DockerContainer(self.image, name=name)
+            tc._container = self.docker.containers.get(name)
+            self._hosts[name] = tc
+        return self._hosts[name]
+
+    def _start_one(self, i: int, fuse: bool = True) -> Host:
         name = self.host_name(i)
         sd = self.sock_root / name
         sd.mkdir(parents=True, exist_ok=True)
         (sd / "docker.sock").unlink(missing_ok=True)
         vol = f"{name}-docker"
         self._remove_volume(vol)  # a fresh host: no engine state (a swarm) from an earlier run
-        d.api.create_volume(vol, labels={LABEL: "1"})
-        hc = d.api.create_host_config(
-            binds={
-                "/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "rw"},
-                vol: {"bind": "/var/lib/docker", "mode": "rw"},
-                str(sd): {"bind": "/hp", "mode": "rw"},
-            },
-            tmpfs={"/run": "rw,exec"},
-            network_mode=self.network,
-            cap_add=["ALL"],
-            cap_drop=["SYS_RESOURCE"],
-            security_opt=["seccomp=unconfined", "apparmor=unconfined"],
-            devices=["/dev/fuse:/dev/fuse:rwm"],
-            init=True,
+        self.docker.api.create_volume(vol, labels={LABEL: "1"})
+        tc = (
+            DockerContainer(self.image, name=name)
+            .with_volume_mapping("/sys/fs/cgroup", "/sys/fs/cgroup", "rw")
+            .with_volume_mapping(vol, "/var/lib/docker", "rw")
+            .with_volume_mapping(str(sd), "/hp", "rw")
+            .with_kwargs(
+                hostname=name,
+                labels={LABEL: "1"},
+                network=self.network,
+                networking_config={
+                    self.network: EndpointConfig(API_VERSION, ipv4_address=self.host_ip(i), aliases=[name])
+                },
+                cap_add=["ALL"],
+                cap_drop=["SYS_RESOURCE"],
+                security_opt=["seccomp=unconfined", "apparmor=unconfined"],  # systempaths: hp-dind-entry
+                devices=["/dev/fuse:/dev/fuse:rwm"] if fuse else [],
+                init=True,
+            )
+            .waiting_for(EngineAnswers(self.url(name)).with_startup_timeout(90))
         )
-        hc["MaskedPaths"], hc["ReadonlyPaths"] = [], []  # the CLI's systempaths=unconfined
-        net = d.api.create_networking_config(
-            {self.network: d.api.create_endpoint_config(ipv4_address=self.host_ip(i), aliases=[name])}
-        )
-        cid = d.api.create_container(
-            self.image, name=name, hostname=name, labels={LABEL: "1"}, host_config=hc, networking_config=net
-        )["Id"]
-        d.api.start(cid)
-        self.wait_engine(name)
+        tc.tmpfs["/run"] = "rw,exec"
+        self._hosts[name] = tc
+        tc.start()
         return Host(name, self.url(name), self.host_ip(i))
 
     def start(self, n: int, first: int = 1) -> list[Host]:
@@ -206,7 +232,8 @@ class Harness:
         """Start a killed host again; seconds until its engine answers."""
         (self.sock_root / name / "docker.sock").unlink(missing_ok=True)
         t0 = time.monotonic()
-        c = self.docker.containers.get(name)
+        c = self._host(name).get_wrapped_container()
+        c.reload()
         if c.status == "running":
             c.restart(timeout=5)
         else:
@@ -230,8 +257,6 @@ class Harness:
 
     def _remove_volume(self, name: str, timeout: float = 30.0) -> None:
         """Remove a volume, waiting while the container that used it is still going."""
-        from docker.errors import APIError, NotFound
-
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -245,8 +270,6 @@ class Harness:
                 time.sleep(0.5)
 
     def client(self, name: str) -> Any:
-        import docker
-
         return docker.DockerClient(base_url=self.url(name), timeout=60)
 
     def running(self) -> list[str]:
@@ -257,8 +280,6 @@ class Harness:
     def stop_all(self, image: bool = False) -> None:
         """Remove every host of this prefix, its volume and socket folder, the network
         (and with `image`, the host image)."""
-        from docker.errors import APIError, ImageNotFound, NotFound
-
         d = self.docker
         cs = [
             c

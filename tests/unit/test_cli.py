@@ -899,7 +899,7 @@ def test_main_turns_what_escapes_the_parser_into_exit_codes(
     def app(**kw: Any) -> None:
         raise raised
 
-    monkeypatch.setattr(cli, "app", app)
+    monkeypatch.setattr(cli, "command", lambda: app)
     with pytest.raises(SystemExit) as ei:
         cli.main()
     assert ei.value.code == code and capsys.readouterr().err == said
