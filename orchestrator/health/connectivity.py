@@ -77,7 +77,13 @@ def iperf_ring(
     def one(pair: tuple[str, str]) -> tuple[Verdict, str]:
         a, b = pair
         r = sidecar.run(cluster, by[a], iperf.client_command(b, seconds))
-        return iperf.run_verdict(r.output, r.exit_code, min_gbps), r.output
+        v = iperf.run_verdict(r.output, r.exit_code, min_gbps)
+        if not iperf.only_too_slow(v):
+            return v, r.output
+        # connected but slow: a busy host slows a healthy pair too; the better of two runs
+        r2 = sidecar.run(cluster, by[a], iperf.client_command(b, seconds))
+        v2 = iperf.run_verdict(r2.output, r2.exit_code, min_gbps)
+        return iperf.better(v, v2), f"{r.output}\n==== again (too slow) ====\n{r2.output}"
 
     res = dict(zip(pairs, parallel(one, pairs), strict=True))
     text = "".join(f"==== iperf3 {a} -> {b} ====\n{out}\n" for (a, b), (_, out) in res.items())

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.health.dcgm import dcgmi_exit_reason, judge_dcgm, parse_dcgm
-from orchestrator.health.iperf import judge_iperf3, parse_iperf3
+from orchestrator.health.iperf import better, judge_iperf3, only_too_slow, parse_iperf3, run_verdict
 from orchestrator.health.mpi import judge_mpi_allreduce, parse_mpi_allreduce
 from orchestrator.health.nccl import judge_nccl, parse_nccl_tests
 from orchestrator.health.stress import explain_cpu_time, judge_stress, parse_stress_ng, stress_ng_exit_reason
@@ -470,6 +470,20 @@ def test_iperf3_error_json_with_exit_zero():
     # iperf 3.18 exits 1 on the same failure
     v = judge_iperf3(r, 1, 1)
     assert "iperf3 exited 1" in v.reasons
+
+
+def test_only_a_run_that_worked_but_was_slow_is_measured_again():
+    slow = judge_iperf3(parse_iperf3(fx("iperf3-3.12-loopback-200M.json")), 0, 1)
+    fast = judge_iperf3(parse_iperf3(fx("iperf3-3.12-loopback-pass.json")), 0, 1)
+    refused = judge_iperf3(parse_iperf3(fx("iperf3-3.12-refused.json")), 0, 1)
+    assert only_too_slow(slow) and not only_too_slow(fast)
+    assert not only_too_slow(refused)  # no connection: no second chance
+    assert not only_too_slow(judge_iperf3(parse_iperf3(fx("iperf3-3.12-loopback-200M.json")), 1, 1))  # exit 1
+    assert not only_too_slow(run_verdict("iperf3: error - unable to connect\n", 1, 1))  # no JSON at all
+    assert better(slow, fast) is fast and better(fast, slow) is fast
+    slower = judge_iperf3(parse_iperf3(fx("iperf3-3.12-loopback-200M.json")), 0, 5)
+    assert better(slower, slow).figures["received_gbps"] == slow.figures["received_gbps"]
+    assert better(refused, slow) is slow  # both failed: the one that measured more
 
 
 def test_iperf3_not_iperf_output():
