@@ -103,6 +103,11 @@ class Endpoints:
     def upstream(self, again: bool) -> tuple[str, int]:
         """slurmrestd's address on the cluster's network (looked up in Docker, then kept):
         its port is published nowhere, so the front is the only way in from the host."""
+        if self.cluster.multihost:  # the swarm overlay's addresses are not routed to this host
+            raise ConnectionError(
+                "with registered hosts slurmrestd is on the cluster's overlay network, which this host cannot "
+                "reach: REST across hosts is not supported yet"
+            )
         if self._upstream is None or again:
             try:
                 d = self.env.provider.inspect(service_container(self.name, "rest"))

@@ -487,6 +487,10 @@ def test_endpoints_serve_on_recorded_ports_and_survive_a_restart(tmp_path, monke
         # slurmrestd is asked at its address on the cluster's network, port 6820 (published nowhere)
         w.provider.node("lab", "slurmrestd").address = "127.0.0.1"
         assert ep.upstream(True) == ("127.0.0.1", accounting.REST_PORT)
+        # with registered hosts the overlay is out of reach: said at once, not after a connect timeout
+        with monkeypatch.context() as m, pytest.raises(ConnectionError, match="REST across hosts is not supported yet"):
+            m.setattr(type(ep.cluster), "multihost", property(lambda self: True))
+            ep.upstream(True)
         monkeypatch.setattr("orchestrator.cli.services.env", lambda: w.env)
         monkeypatch.setattr("sys.argv", ["hp", "api", "lab"])
         with pytest.raises(SystemExit) as e:
