@@ -64,6 +64,7 @@ class FakeContainer:
     started_at: str = ""
 
     host: str = ""
+    address: str = ""  # its IPv4 address on its network while running (a test sets one)
 
     def view(self) -> Container:
         return Container(
@@ -282,6 +283,7 @@ class FakeProvider:
             ContainerState(c.state, c.state == "running", c.exit_code, False, c.started_at, ""),
             Limits(int((s.cpu_limit or 0) * 1e9), s.cpu_quota or 0, s.cpu_period or 0, s.memory_bytes or 0),
             self.name,
+            addresses={s.network: c.address} if c.address and s.network and c.state == "running" else {},
         )
 
     def logs(self, container: str, tail: int | str = "all") -> str:

@@ -315,8 +315,6 @@ class DockerEngine:
         if spec.memory_bytes:
             host_kw["mem_limit"] = spec.memory_bytes
             host_kw["memswap_limit"] = spec.memory_bytes
-        if spec.ports:  # a host port 0: the engine picks a free one
-            host_kw["port_bindings"] = {p: hp for p, hp in spec.ports.items()}
         if spec.restart_policy:
             host_kw["restart_policy"] = {"Name": spec.restart_policy}
         if spec.cap_add:
@@ -353,7 +351,6 @@ class DockerEngine:
                 hostname=spec.hostname if not spec.network_of and spec.network != "host" else None,
                 labels=spec.labels,
                 environment=env,
-                ports=list(spec.ports) or None,
                 host_config=api.create_host_config(**host_kw),
                 networking_config=net_cfg,
             )
@@ -542,7 +539,7 @@ class DockerEngine:
                 memory_bytes=int(hc.get("Memory") or 0),
             ),
             host=self.name,
-            ports=_published((d.get("NetworkSettings") or {}).get("Ports") or {}),
+            addresses=_addresses((d.get("NetworkSettings") or {}).get("Networks") or {}),
         )
 
     def logs(self, container: str, tail: int | str = "all") -> str:
@@ -795,16 +792,10 @@ def _label_filter(cluster: str | None) -> str:
     return f"{L_CLUSTER}={cluster}" if cluster else f"{L_MANAGED}=1"
 
 
-def _published(ports: dict[str, Any]) -> dict[int, tuple[str, int]]:
-    """NetworkSettings.Ports ({"6820/tcp": [{"HostIp": "127.0.0.1", "HostPort": "49153"}]})."""
-    out = {}
-    for key, binds in ports.items():
-        for b in binds or []:
-            port = str(b.get("HostPort") or "")
-            if port.isdigit() and key.split("/")[0].isdigit():
-                out[int(key.split("/")[0])] = (str(b.get("HostIp") or ""), int(port))
-                break
-    return out
+def _addresses(networks: dict[str, Any]) -> dict[str, str]:
+    """NetworkSettings.Networks ({"hp-lab": {"IPAddress": "172.18.0.5", ...}}): network ->
+    IPv4 address (a stopped container has none)."""
+    return {str(n): str(v.get("IPAddress")) for n, v in networks.items() if isinstance(v, dict) and v.get("IPAddress")}
 
 
 def _short(e: object) -> str:

@@ -126,7 +126,9 @@ class ContainerDetails:
     state: ContainerState
     limits: Limits
     host: str = ""
-    ports: dict[int, tuple[str, int]] = field(default_factory=dict)  # published: container port -> (host ip, port)
+    # network name -> the container's IPv4 address on it (a cluster's services are reached
+    # there, never through a port published on the host)
+    addresses: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -219,9 +221,6 @@ class ContainerSpec:
     gpus: GpuWiring | None = None
     command: list[str] | None = None
     entrypoint: list[str] | None = None  # None: the image's
-    ports: dict[int, tuple[str, int]] = field(
-        default_factory=dict
-    )  # container port -> (host ip, host port; 0: any free)
     cap_add: list[str] = field(default_factory=list)
     devices: list[str] = field(default_factory=list)  # "src:dst:rwm"
     security_opt: list[str] = field(default_factory=list)

@@ -5,7 +5,9 @@ Failure policy: a check that runs and finds a problem, or that cannot run becaus
 engine or a tool failed (TRANSIENT), fails the node. A bug in hp (anything else, e.g. a
 parser raising TypeError) is never a verdict on the node: it is reported (log and
 `hp events`), the result says "internal error", and the node goes back into service
-untouched (never rebooted or replaced).
+untouched (never rebooted or replaced). So does a stress run the kernel killed (SIGKILL,
+OOM kills in the check container) or one with no room for its memory stressor
+(Verdict.not_run): the result is Error with the reason, the node is not judged.
 """
 
 from __future__ import annotations
@@ -29,7 +31,15 @@ from .gpucheck import GpuCheckOptions, run_gpu_check
 from .limits import CpuBudget, grant_problems
 from .logic import Outcome, claim
 from .records import Records, Result, output_dir
-from .stress import StressOptions, judge, split_output, stress_command
+from .stress import (
+    MEMORY_COMMAND,
+    StressOptions,
+    cpu_instances,
+    judge,
+    parse_cgroup_memory,
+    stress_command,
+    vm_bytes_for,
+)
 from .verdict import Verdict
 
 log = logging.getLogger("hp.health")
@@ -182,6 +192,10 @@ class Engine:
             return
         finally:
             self.budget.release(cpus)
+        if v.not_run:  # the kernel killed the check, or it had no room: the node is not judged
+            run.error = v.not_run
+            self._finish(row, r, "Error", [f"{v.not_run}; the node was not judged"], v.figures, out)
+            return
         self._finish(row, r, "Passed" if v.passed else "Failed", v.reasons + notes, v.figures, out)
         if not v.passed:
             run.failed["InstanceStress"] = v.reasons[0][:150]
@@ -191,14 +205,20 @@ class Engine:
         container(s): (verdict, output, recovery action, notes, condemned GPUs). The
         action is the GPU findings' when the GPU check failed ("" otherwise: reboot,
         re-check, replace)."""
-        res = sidecar.run(self.c, sc, stress_command(self.opts.stress, sc.limits.granted_cpus))
-        out = res.output
-        _, _, code = split_output(out)
-        v = judge(itype, out, sc.limits.granted_cpus, [])
+        before = parse_cgroup_memory(sidecar.run(self.c, sc, MEMORY_COMMAND).output)
+        vm_bytes, sizing = vm_bytes_for(self.opts.stress, before, cpu_instances(sc.limits.granted_cpus))
+        if vm_bytes is None:
+            v, out = Verdict(False, [sizing], not_run=sizing), sizing
+        else:
+            res = sidecar.run(self.c, sc, stress_command(self.opts.stress, sc.limits.granted_cpus, vm_bytes))
+            out = res.output
+            v = judge(itype, out, sc.limits.granted_cpus, [], before, res.exit_code)
+        if v.not_run:  # no room, or killed by the kernel: no verdict from the run (nor a GPU check)...
+            if short := grant_problems(itype, sc.limits, None):  # ...but the node's own cgroup is short
+                return Verdict(False, short + v.reasons), out, "", [], []
+            return v, out, "", [], []
         v.reasons += grant_problems(itype, sc.limits, v.figures.get("cpus_used_total"))
-        if code == -1 and res.exit_code != 0:
-            v.reasons.append(f"the check's wrapper was killed (exit {res.exit_code}): out of memory?")
-        action, notes, condemned = "", [], []
+        action, notes, condemned = "", [f"note: {sizing}"] if sizing else [], []
         if itype.gpus:
             node = self.c.node_containers().get(sc.node)
             if node is None:
@@ -211,7 +231,7 @@ class Engine:
                 if v.reasons:  # the CPU part failed too: the usual reboot-then-replace at least
                     action = "replace" if action == "replace" else ""
             v.reasons += gv.reasons
-            notes = [f"note: {n}" for n in gv.notes]
+            notes += [f"note: {n}" for n in gv.notes]
             v.figures.update({f"gpu.{k}": x for k, x in gv.figures.items()})
             out += "\n\n==== GPU ====\n" + gout
         v.passed = not v.reasons

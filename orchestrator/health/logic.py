@@ -13,7 +13,7 @@ CHECKS = ("InstanceStress", "InstanceConnectivity")
 @dataclass(frozen=True)
 class Outcome:
     """A node's final result in a request: Passed, Failed, Skipped or Error (an internal
-    error: not judged), with the words shown after it."""
+    error, or a check the kernel killed: not judged), with the words shown after it."""
 
     result: str
     detail: str = ""

@@ -19,7 +19,146 @@ from .verdict import ParseError, Verdict, num, verdict
 
 YAML_MARK = "@@HP-STRESS-YAML@@"
 RC_MARK = "@@HP-STRESS-RC="
-WRAPPER = "/usr/local/bin/hp-stress"  # in the check image: stress-ng "$@", then its YAML and exit status
+MEMORY_MARK, MEMORY_END = "@@HP-STRESS-MEMORY@@", "@@HP-STRESS-MEMORY-END@@"
+WRAPPER = "/usr/local/bin/hp-stress"  # in the check image: stress-ng "$@", then its YAML, memory and exit status
+MEMORY_COMMAND = [WRAPPER, "--memory"]  # the check container's cgroup memory (after a sync)
+SIGKILL_EXIT = 128 + 9  # a shell's status of a process killed by SIGKILL (the OOM killer's signal)
+# Room the memory stressor must leave in the check container's cgroup: stress-ng's parent
+# and each stressor instance hold a few MiB each (measured RSS with stress-ng 0.18: parent
+# 4 MiB, cpu instance 3 MiB, vm instance 3 MiB besides its --vm-bytes), and the kernel's
+# own charges (page tables, slab) grow with the run.
+HEADROOM_BYTES = 32 * 2**20
+HEADROOM_PER_CPU_BYTES = 4 * 2**20
+VM_MIN_BYTES = 4 * 2**20  # a smaller memory stressor proves nothing: the check cannot run
+
+
+@dataclass(frozen=True)
+class CgroupMemory:
+    """The check container's memory as its cgroup (v2 or v1) says, in bytes.
+
+    limit: memory.max / memory.limit_in_bytes (None: no limit).
+    usage: memory.current / memory.usage_in_bytes: everything charged, page cache too.
+    file: page cache (v2 `file`, v1 `total_cache`); shmem (tmpfs, /dev/shm) is part of
+        it and cannot be reclaimed without swap, page cache otherwise can.
+    oom_kills: processes the OOM killer killed in the cgroup so far (v2
+        memory.events oom_kill, v1 memory.oom_control oom_kill; None: not reported).
+    host_available: /proc/meminfo MemAvailable (stress-ng's base for a percentage).
+    """
+
+    limit: int | None
+    usage: int
+    anon: int = 0
+    file: int = 0
+    shmem: int = 0
+    dirty: int = 0
+    oom_kills: int | None = None
+    host_available: int | None = None
+
+    @property
+    def held(self) -> int:
+        """What the cgroup holds that reclaim cannot free: usage less clean page cache."""
+        return max(0, self.usage - max(0, self.file - self.shmem))
+
+    def describe(self) -> str:
+        lim = f"{self.limit / 2**20:.0f} MiB" if self.limit is not None else "none"
+        return (
+            f"memory limit {lim}, charged {self.usage / 2**20:.0f} MiB (page cache {self.file / 2**20:.0f} MiB, "
+            f"anonymous {self.anon / 2**20:.0f} MiB, tmpfs {self.shmem / 2**20:.0f} MiB), "
+            f"not reclaimable {self.held / 2**20:.0f} MiB"
+        )
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return int(str(text).strip().split()[0])
+    except (ValueError, IndexError):
+        return None
+
+
+def parse_cgroup_memory(out: str) -> CgroupMemory | None:
+    """The section hp-stress prints between MEMORY_MARK and MEMORY_END (cgroup v2 or
+    v1 files under "== name" headers), or None when there is none."""
+    _, mark, rest = out.partition(MEMORY_MARK)
+    if not mark:
+        return None
+    text = rest.partition(MEMORY_END)[0]
+    files: dict[str, list[str]] = {}
+    current: list[str] = []
+    for line in text.splitlines():
+        if line.startswith("== "):
+            current = files.setdefault(line[3:].strip(), [])
+        elif line.strip():
+            current.append(line.strip())
+
+    def kv(name: str) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for line in files.get(name, []):
+            k, _, v = line.partition(" ")
+            if (n := _int(v)) is not None:
+                out[k.rstrip(":")] = n
+        return out
+
+    meminfo = kv("meminfo")
+    avail = meminfo.get("MemAvailable")
+    host_available = avail * 1024 if avail is not None else None  # /proc/meminfo counts kB
+    if "memory.current" in files:  # v2
+        raw = (files.get("memory.max") or [""])[0]
+        usage = _int((files["memory.current"] or [""])[0])
+        stat = kv("memory.stat")
+        return CgroupMemory(
+            limit=None if raw == "max" else _int(raw),
+            usage=usage or 0,
+            anon=stat.get("anon", 0),
+            file=stat.get("file", 0),
+            shmem=stat.get("shmem", 0),
+            dirty=stat.get("file_dirty", 0),
+            oom_kills=kv("memory.events").get("oom_kill"),
+            host_available=host_available,
+        )
+    if "memory.usage_in_bytes" in files:  # v1: an unlimited cgroup reports a huge limit
+        limit = _int((files.get("memory.limit_in_bytes") or [""])[0])
+        stat = kv("memory.stat")
+        return CgroupMemory(
+            limit=limit if limit is not None and limit < 2**62 else None,
+            usage=_int((files["memory.usage_in_bytes"] or [""])[0]) or 0,
+            anon=stat.get("total_rss", stat.get("rss", 0)),
+            file=stat.get("total_cache", stat.get("cache", 0)),
+            shmem=stat.get("total_shmem", stat.get("shmem", 0)),
+            dirty=stat.get("total_dirty", stat.get("dirty", 0)),
+            oom_kills=kv("memory.oom_control").get("oom_kill"),
+            host_available=host_available,
+        )
+    return None
+
+
+def vm_bytes_for(opts: StressOptions, mem: CgroupMemory | None, cpus: int) -> tuple[int | str | None, str]:
+    """The memory stressor's bytes from what the check container really has: the asked
+    size (a percentage is of the host's available memory, as stress-ng takes it), at most
+    half of what the cgroup can still give (its limit less what it holds that cannot be
+    reclaimed, less room for stress-ng's own processes). (None, why) when that is too
+    little for a memory stressor to prove anything: the check cannot run. Without a
+    reading of the cgroup (an older check image) the asked size as stress-ng takes it.
+    ValueError on options that are not valid (a recorded request is checked where it runs)."""
+    if bad := opts.problems():
+        raise ValueError("; ".join(bad))
+    kind, n = options.parse_size(opts.vm_bytes)  # type: ignore[misc]
+    if kind == "percent":
+        base = mem.host_available if mem is not None and mem.host_available else None
+        want = int(n / 100 * base) if base else None
+    else:
+        want = int(n)
+    if mem is None or mem.limit is None:
+        return (want if want is not None else opts.vm_bytes), ""
+    room = mem.limit - mem.held - HEADROOM_BYTES - HEADROOM_PER_CPU_BYTES * cpus
+    fit = room // 2
+    if fit < VM_MIN_BYTES:
+        return None, (
+            f"the check container has no room for a memory stressor: {mem.describe()}; "
+            f"{max(0, room) / 2**20:.0f} MiB left after stress-ng's own {(HEADROOM_BYTES + HEADROOM_PER_CPU_BYTES * cpus) / 2**20:.0f} MiB"
+        )
+    if want is None or want > fit:
+        return fit, f"memory stressor cut to {fit / 2**20:.0f} MiB (asked {opts.vm_bytes}): {mem.describe()}"
+    return want, ""
 
 
 @dataclass(frozen=True)
@@ -34,16 +173,27 @@ class StressOptions:
         ) + options.vm_bytes_problems(self.vm_bytes)
 
 
-def stress_command(opts: StressOptions, cpus: float | None) -> list[str]:
+def cpu_instances(cpus: float | None) -> int:
+    """One CPU stressor per granted CPU, at least one."""
+    return max(1, math.ceil(cpus or 1))
+
+
+def stress_command(opts: StressOptions, cpus: float | None, vm_bytes: int | str) -> list[str]:
     """stress-ng with one CPU stressor per granted CPU (at least one) and one memory
-    stressor, verifying results; the wrapper prints its log, then its YAML metrics and
-    exit status. An argv list, the size as plain digits; ValueError on a value that is
-    not valid (a recorded request is checked again where it runs)."""
+    stressor of `vm_bytes` (vm_bytes_for: sized from the check container's memory),
+    verifying results; the wrapper prints its log, then its YAML metrics, the cgroup's
+    memory and exit status. An argv list, the size as plain digits; ValueError on a
+    value that is not valid (a recorded request is checked again where it runs)."""
     if bad := opts.problems():
         raise ValueError("; ".join(bad))
-    kind, n = options.parse_size(opts.vm_bytes)  # type: ignore[misc]
-    size = f"{int(n)}%" if kind == "percent" else str(int(n))
-    cpu = max(1, math.ceil(cpus or 1))
+    if isinstance(vm_bytes, str):  # a percentage, as asked (checked by opts.problems)
+        kind, n = options.parse_size(vm_bytes)  # type: ignore[misc]
+        size = f"{int(n)}%" if kind == "percent" else str(int(n))
+    elif options.VM_BYTES_MIN <= vm_bytes <= options.VM_BYTES_MAX:
+        size = str(int(vm_bytes))
+    else:
+        raise ValueError(f"a memory stressor of {vm_bytes} bytes is out of stress-ng's range")
+    cpu = cpu_instances(cpus)
     return [
         WRAPPER,
         "--cpu",
@@ -63,6 +213,7 @@ def split_output(out: str) -> tuple[str, str, int]:
     """(log, yaml, stress-ng exit status) from the output of stress_command."""
     log, _, rest = out.partition(YAML_MARK)
     yml, _, rc = rest.rpartition(RC_MARK)
+    yml = yml.partition(MEMORY_MARK)[0]
     try:
         code = int(rc.strip().split()[0])
     except (ValueError, IndexError):
@@ -70,10 +221,44 @@ def split_output(out: str) -> tuple[str, str, int]:
     return log, yml, code
 
 
-def judge(itype: InstanceType, out: str, granted_cpus: float | None, limits_problems: list[str]) -> Verdict:
+def killed_by_kernel(code: int, wrapper_exit: int, before: CgroupMemory | None, after: CgroupMemory | None) -> str:
+    """Why a stress run says nothing about the node, or "": stress-ng (or the wrapper)
+    was killed by SIGKILL, or the OOM killer killed a process of the check container
+    while it ran (stress-ng restarts a killed stressor and may still exit 0). The
+    kernel does that when the cgroup runs out of memory: the check's own sizing, not
+    the node's health."""
+    kills = (
+        after.oom_kills - before.oom_kills
+        if before is not None and after is not None and before.oom_kills is not None and after.oom_kills is not None
+        else None
+    )
+    if code == SIGKILL_EXIT:
+        what = f"stress-ng exited {code}: {stress_ng_exit_reason(code)}"
+    elif code == -1 and wrapper_exit != 0:
+        what = f"the check's wrapper was killed (exit {wrapper_exit})"
+    elif kills:
+        what = f"stress-ng exited {code}"
+    else:
+        return ""
+    oom = f"; the OOM killer killed {kills} process(es) in the check container" if kills else ""
+    mem = f"; before the run: {before.describe()}" if before is not None else ""
+    return f"the check could not run: {what}{oom}{mem}"
+
+
+def judge(
+    itype: InstanceType,
+    out: str,
+    granted_cpus: float | None,
+    limits_problems: list[str],
+    before: CgroupMemory | None = None,
+    wrapper_exit: int = 0,
+) -> Verdict:
     """The verdict on a stress run's output (a ParseError of unreadable output is a
-    failed check: the tool ran and produced garbage)."""
+    failed check: the tool ran and produced garbage). A run the kernel killed is no
+    verdict (Verdict.not_run): `before` is the cgroup's memory before it."""
     log, yml, code = split_output(out)
+    if why := killed_by_kernel(code, wrapper_exit, before, parse_cgroup_memory(out)):
+        return Verdict(False, [why], {"exit_code": float(code)}, not_run=why)
     th = thresholds(itype)
     try:
         res = parse_stress_ng(yml, log)

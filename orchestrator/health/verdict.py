@@ -27,6 +27,9 @@ class Verdict:
     passed: bool
     reasons: list[str] = field(default_factory=list)
     figures: dict[str, float] = field(default_factory=dict)
+    # why the check could not run (the kernel killed it, it had no room): no verdict on
+    # the node at all, which goes back into service untouched
+    not_run: str = ""
 
 
 def verdict(reasons: list[str], figures: dict[str, float]) -> Verdict:

@@ -42,7 +42,9 @@ from ..slurm.conf import SERVICES, slurmdbd_conf
 
 log = logging.getLogger("hp")
 
-REST_PORT = 6820  # slurmrestd's port in its container; published on 127.0.0.1 (a free port)
+# slurmrestd's port in its container, on the cluster's network only: never published on a
+# host (the front, services/front.py, is the one door; issue 24)
+REST_PORT = 6820
 RESTART_POLICY = "unless-stopped"
 # (cores, MiB): the database needs at least one core's quota to boot in ~1 s (0.5: +0.7 s).
 # Not counted in the host's capacity (quotas are ceilings; they idle after create).
@@ -129,9 +131,7 @@ def container_spec(cluster: Cluster, role: str, image: str) -> ContainerSpec:
     )
     if role == "database":
         spec.volumes = {database_volume(cluster.name): "/var/lib/mysql"}
-    if role == "rest":
-        spec.ports = {REST_PORT: ("127.0.0.1", 0)}
-    if cluster.multihost:  # registered hosts: on the controller's host (the REST port is that host's loopback)
+    if cluster.multihost:  # registered hosts: on the controller's host
         from ..cluster.multihost import controller_host_of
         from ..naming import L_HOST
 

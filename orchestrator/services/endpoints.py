@@ -12,7 +12,7 @@ from typing import Any
 
 from ..cluster.context import Cluster, Env
 from ..errors import EngineError, OperationFailed
-from ..naming import service_container
+from ..naming import network_name, service_container
 from ..state.store import Store
 from .accounting import REST_PORT, jwt_key
 
@@ -101,16 +101,24 @@ class Endpoints:
         log.info("endpoints: %s", ", ".join(f"{k} {url(self.env.store, self.name, k)}" for k in KINDS))
 
     def upstream(self, again: bool) -> tuple[str, int]:
-        """slurmrestd's published port on this host (looked up in Docker, then kept)."""
+        """slurmrestd's address on the cluster's network (looked up in Docker, then kept):
+        its port is published nowhere, so the front is the only way in from the host."""
+        if self.cluster.multihost:  # the swarm overlay's addresses are not routed to this host
+            raise ConnectionError(
+                "with registered hosts slurmrestd is on the cluster's overlay network, which this host cannot "
+                "reach: REST across hosts is not supported yet"
+            )
         if self._upstream is None or again:
             try:
                 d = self.env.provider.inspect(service_container(self.name, "rest"))
             except EngineError as e:
                 raise ConnectionError(f"slurmrestd's container: {e}") from None
-            ip, port = d.ports.get(REST_PORT, ("", 0))
-            if not port:
-                raise ConnectionError("slurmrestd's port is not published (is its container running?)")
-            self._upstream = (ip if ip not in ("", "0.0.0.0") else "127.0.0.1", port)
+            ip = d.addresses.get(network_name(self.name))
+            if not ip:
+                raise ConnectionError(
+                    f"slurmrestd's container has no address on network {network_name(self.name)} (is it running?)"
+                )
+            self._upstream = (ip, REST_PORT)
         return self._upstream
 
     def close(self) -> None:

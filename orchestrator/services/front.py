@@ -2,7 +2,8 @@
 127.0.0.1:<port>. Every request must carry X-SLURM-USER-TOKEN, an HS256 JWT signed with
 the cluster's key and not expired: a missing, malformed, forged or expired token gets
 401 with a JSON body and nothing else (slurmrestd itself is never asked). A good one is
-passed to slurmrestd (published on another loopback port) as it came, and slurmrestd's
+passed to slurmrestd (at its address on the cluster's network; its port is published
+nowhere, so this front is the only way in from the host) as it came, and slurmrestd's
 answer (Slurm's own errors as JSON included) is passed back as it came.
 
 Standard library only (http.server, http.client): the front holds the key, slurmrestd's

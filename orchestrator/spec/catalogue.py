@@ -25,6 +25,28 @@ class InstanceType:
     health: dict[str, float] = field(default_factory=dict, hash=False, compare=False)
 
 
+DOCKER_MIN_MEMORY_MIB = 6
+"""The engine refuses a smaller memory limit ("Minimum memory limit allowed is 6MB")."""
+DOCKER_MIN_CPUS = 0.01
+"""The least CPU quota the engine takes ("Range of CPUs is from 0.01 to ...")."""
+
+
+def range_problems(t: InstanceType) -> list[str]:
+    """Values that Docker (at a node's create) or Slurm (at its registration) would refuse."""
+    out = []
+    if t.vcpus < 1:
+        out.append(f"VCpus must be at least 1 (Slurm's CPUs=), got {t.vcpus}")
+    if not t.cpu_limit >= DOCKER_MIN_CPUS:  # not <: NaN too
+        out.append(f"CpuLimit must be at least {DOCKER_MIN_CPUS} cores (Docker's least CPU quota), got {t.cpu_limit}")
+    if t.memory_mib < DOCKER_MIN_MEMORY_MIB:
+        out.append(
+            f"MemoryMiB must be at least {DOCKER_MIN_MEMORY_MIB} (Docker's least memory limit), got {t.memory_mib}"
+        )
+    if t.gpus < 0:
+        out.append(f"Gpus must be 0 or more, got {t.gpus}")
+    return out
+
+
 def _parse(doc: object, source: str) -> dict[str, InstanceType]:
     if not isinstance(doc, dict):
         raise BadInput(f"{source}: expected a mapping of type name to its fields", "bad instance-type file")
@@ -32,7 +54,7 @@ def _parse(doc: object, source: str) -> dict[str, InstanceType]:
     problems = []
     for name, f in doc.items():
         try:
-            out[str(name)] = InstanceType(
+            t = InstanceType(
                 name=str(name),
                 vcpus=int(f["VCpus"]),
                 cpu_limit=float(f["CpuLimit"]),
@@ -45,6 +67,11 @@ def _parse(doc: object, source: str) -> dict[str, InstanceType]:
             problems.append(
                 f"{source}: {name}: needs VCpus, CpuLimit, MemoryMiB (and optional Gpus, GpuModel, HealthThresholds): {e}"
             )
+            continue
+        if bad := range_problems(t):
+            problems += [f"{source}: {name}: {p}" for p in bad]
+        else:
+            out[t.name] = t
     if problems:
         raise BadInput(problems, "bad instance-type file")
     return out

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ..errors import BadInput
 from . import names as specnames
 from .catalogue import InstanceType
+from .reference import reference_problem
 
 NAME_RE = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9])*$")
 NAME_MAX = 63
@@ -206,7 +207,8 @@ def _loc(loc: tuple[Any, ...]) -> str:
 def _semantic_problems(raw: dict[str, Any], catalogue: dict[str, InstanceType], names: bool = True) -> list[str]:
     """Rules HyperPod enforces, checked on the raw document so that they are reported
     together with type errors; with `names`, also the limits of the names hp derives
-    (names.py)."""
+    (names.py) and the engine's rule for an Image (reference.py): what Docker or Slurm
+    would refuse later, after something was made."""
     problems: list[str] = []
     cluster = raw.get("ClusterName")
     if "ClusterName" in raw and (p := name_problem("ClusterName", cluster)):
@@ -237,6 +239,9 @@ def _semantic_problems(raw: dict[str, Any], catalogue: dict[str, InstanceType], 
                     f"{path}.InstanceGroupName: {name!r} is already used by InstanceGroups[{seen[name.lower()]}]"
                 )
             seen.setdefault(name.lower(), i)
+        image = g.get("Image")
+        if names and isinstance(image, str) and (p := reference_problem(image)):
+            problems.append(f"{path}.Image: {_short(image)} {p}")
         pl = g.get("Placement")
         if isinstance(pl, dict) and isinstance(pl.get("Hosts"), list):
             hs = [h for h in pl["Hosts"] if isinstance(h, str)]

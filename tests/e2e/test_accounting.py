@@ -235,6 +235,26 @@ def test_database_killed_unhealthy_then_brought_back_with_the_records(lab: tuple
     assert "mariadb" in events and "starting it again" in events, events
 
 
+def test_rest_front_is_the_only_door_from_the_host(lab: tuple[Hp, str]) -> None:
+    """Issue 24: slurmrestd's port was published on 127.0.0.1 next to the front, which it
+    bypassed (511 from slurmrestd instead of the front's 401). No container of the cluster
+    publishes a port now; the front reaches slurmrestd on the cluster's network."""
+    h, name = lab
+    api = DockerEngine().api
+    cs = api.containers(all=True, filters={"label": f"io.hp.cluster={name}"})
+    assert "rest" in {c["Labels"]["io.hp.role"] for c in cs}, cs
+    published = {c["Names"][0]: c["Ports"] for c in cs if any(p.get("PublicPort") for p in c["Ports"])}
+    assert published == {}
+    for c in cs:
+        assert not (api.inspect_container(c["Id"])["HostConfig"].get("PortBindings") or {}), c["Names"]
+    url = h("api", name, check=True).stdout.strip()
+    status, doc = http(f"{url}/{API}/ping", token="not-a-token")
+    assert status == 401 and doc["errors"][0]["error"] == "malformed token", doc
+    tok = h("token", name, "--lifespan", "60", check=True).stdout.strip()
+    status, doc = http(f"{url}/{API}/ping", token=tok)
+    assert status == 200 and doc["pings"][0]["pinged"] == "UP", doc
+
+
 def test_token_on_a_cluster_without_rest_is_bad_input(hp: Hp, tmp_path: Path) -> None:
     name = hp.name("norest")
     spec = write_spec(tmp_path / "s.json", small_spec(name, [("cpu", "cpu.nano", 1)], login=False))

@@ -153,3 +153,34 @@ def test_no_docker_daemon_is_a_clear_message(hp):
     assert r.returncode == 1
     assert "cannot reach a Docker engine" in r.stderr and "dockerd" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_values_docker_would_refuse_later_are_refused_before_anything_is_made(hp, tmp_path):
+    """Issue 24: a value that passed the spec check and failed at create (an Image that is
+    no image reference: "invalid reference format" after the controller was started; an
+    instance type below Docker's least memory or CPU quota) is refused by the spec check:
+    exit 2, every problem named, nothing in Docker, no state in HP_HOME."""
+    name = hp.name("late")
+    doc = small_spec(name, [("cpu", "cpu.nano", 1)], login=False)
+    doc["InstanceGroups"][1]["Image"] = "Hp-Worker:not a tag"
+    r = hp("create", "-f", str(write_spec(tmp_path / "image.json", doc)))
+    assert r.returncode == 2, r.stderr
+    assert "InstanceGroups[1].Image: 'Hp-Worker:not a tag' is not a valid image reference" in r.stderr, r.stderr
+    types = tmp_path / "types.yaml"
+    types.write_text(
+        "tiny.mem: {VCpus: 1, CpuLimit: 0.05, MemoryMiB: 4}\nno.cpu: {VCpus: 0, CpuLimit: 0, MemoryMiB: 64}\n"
+    )
+    doc = small_spec(name, [("cpu", "tiny.mem", 1), ("b", "no.cpu", 1)], login=False)
+    hp.env["HP_INSTANCE_TYPES"] = str(types)
+    try:
+        r = hp("create", "-f", str(write_spec(tmp_path / "types.json", doc)))
+    finally:
+        del hp.env["HP_INSTANCE_TYPES"]
+    assert r.returncode == 2, r.stderr
+    for needle in ("tiny.mem: MemoryMiB must be at least 6", "no.cpu: VCpus must be at least 1", "no.cpu: CpuLimit"):
+        assert needle in r.stderr, (needle, r.stderr)
+    assert "Traceback" not in r.stderr
+    assert leftovers(name) == ([], [], [])
+    assert name not in hp("list", "--json", check=True).stdout
+    assert not (hp.home / "clusters" / name).exists()
+    assert hp("describe", name).returncode != 0

@@ -37,6 +37,10 @@ STRESS_VM_ZERO = (
     + f"{RC_MARK}0\n"
 )
 IPERF_OK = (FIX / "iperf3-pass.json").read_text()
+# a real run on cgroup v1 whose container the kernel ran out of memory (tmpfs filled during
+# it): stress-ng killed, exit 137, 8 OOM kills (tests/fixtures/README.md)
+OOM_BEFORE = (FIX / "hp-stress-trixie-cgroup1-oom-137-before.txt").read_text()
+OOM_137 = (FIX / "hp-stress-trixie-cgroup1-oom-137.txt").read_text()
 
 
 class Tools:
@@ -44,12 +48,17 @@ class Tools:
 
     def __init__(self) -> None:
         self.sick: set[str] = set()
+        self.killed: set[str] = set()  # the kernel kills the stress run (OOM, 137)
         self.ran: list[tuple[str, str]] = []
 
     def __call__(self, c, argv: list[str]) -> ExecResult:
         node = c.spec.labels.get("io.hp.node", "")
         self.ran.append((node, argv[0]))
+        if argv[0] == "/usr/local/bin/hp-stress" and argv[1:] == ["--memory"]:
+            return ExecResult(0, OOM_BEFORE if node in self.killed else "")
         if argv[0] == "/usr/local/bin/hp-stress":
+            if node in self.killed:
+                return ExecResult(0, OOM_137)
             return ExecResult(0, STRESS_VM_ZERO if node in self.sick else STRESS_OK)
         if argv[0] == "ssh-keygen":
             key = argv[argv.index("-f") + 1]
@@ -149,6 +158,23 @@ def test_a_bug_in_a_parser_is_no_verdict_and_never_reboots(w, monkeypatch):
     assert not service.all_passed(service.status(w.env, "lab", rid))
 
 
+def test_a_stress_run_the_kernel_killed_is_no_verdict_and_never_reboots(w):
+    """Issue 24: a healthy node's check killed by the OOM killer (stress-ng exited 137) was
+    a failed node, rebooted and replaced. Now: the check could not run, with the reason;
+    the node goes back into service untouched."""
+    w.tools.killed.add("cpu-2")
+    rid, verdicts = request(w, ["cpu-1", "cpu-2"], checks=("InstanceStress",))
+    assert verdicts["cpu-1"] == "Passed"
+    v = verdicts["cpu-2"]
+    assert v.startswith("Error: the check could not run: stress-ng exited 137: terminated by signal 9"), v
+    assert "the OOM killer killed 8 process(es) in the check container" in v and "memory limit 128 MiB" in v
+    assert not w.slurm.nodes_["cpu-2"].drained  # back in service
+    assert not any(op in ("restart", "remove") for op, n in w.provider.calls if n == "hp-lab-cpu-2")
+    res = {r.node: r for r in Records(w.env.store).results(rid)}
+    assert res["cpu-2"].state == "Error" and "the node was not judged" in res["cpu-2"].reasons[0]
+    assert not any("internal error" in e.description for e in w.env.store.events("lab"))
+
+
 def test_busy_and_foreign_drained_nodes_are_skipped(w):
     w.slurm.set("cpu-1", "IDLE", "DRAIN", reason="admin work")
     w.slurm.set("cpu-2", "ALLOCATED")
@@ -215,3 +241,27 @@ def test_worker_options_come_from_the_recorded_request():
 
     o = options({"stress_seconds": 7, "vm_bytes": "1G", "dcgm_level": 3, "recovery_wait": 5})
     assert o.stress == StressOptions(7, "1G") and o.dcgm_level == 3 and o.recovery_wait == 5.0
+
+
+def test_a_node_whose_cgroup_is_short_fails_even_when_its_check_cannot_run(w):
+    """A node `docker update`d to 40 MiB (cpu.nano promises 256): no room for a memory
+    stressor, but the short grant is the node's own fault: Failed, with both reasons."""
+    node = w.provider.node("lab", "cpu-3")
+    node.spec.memory_bytes = 40 * 2**20
+    w.env.store.update_spec("lab", lambda s: {**s, "NodeRecovery": "None"})
+    tight = (FIX / "hp-stress-trixie-cgroup1-oom-137-before.txt").read_text().replace("134217728", str(40 * 2**20))
+    real, ran = w.tools, []
+
+    def tools(c, argv):
+        ran.append((c.spec.labels.get("io.hp.node"), argv[:2]))
+        if argv[1:] == ["--memory"] and c.spec.labels.get("io.hp.node") == "cpu-3":
+            return ExecResult(0, tight)
+        return real(c, argv)
+
+    w.provider.exec_handler = tools
+    rid, verdicts = request(w, ["cpu-3"], checks=("InstanceStress",))
+    assert verdicts["cpu-3"].startswith("Failed: InstanceStress: memory limit is 40 MiB"), verdicts
+    (res,) = Records(w.env.store).results(rid)
+    assert res.state == "Failed" and any("no room for a memory stressor" in r for r in res.reasons), res.reasons
+    assert ("cpu-3", ["/usr/local/bin/hp-stress", "--memory"]) in ran  # the cgroup was read...
+    assert ("cpu-3", ["/usr/local/bin/hp-stress", "--cpu"]) not in ran  # ...and stress-ng never ran

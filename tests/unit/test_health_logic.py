@@ -9,13 +9,19 @@ import pytest
 from orchestrator.docker.views import Limits as NodeLimits
 from orchestrator.health.limits import CpuBudget, grant_problems, thresholds
 from orchestrator.health.logic import claim, implicated, ring_pairs, validate_checks
-from orchestrator.health.stress import StressOptions, judge, split_output, stress_command
+from orchestrator.health.stress import StressOptions, judge, split_output, vm_bytes_for
+from orchestrator.health.stress import stress_command as _stress_command
 from orchestrator.slurm.model import ONSTART_REASON, SlurmNode
 from orchestrator.slurm.model import health_reason as reason
 from orchestrator.slurm.model import is_health_reason as is_ours
 from orchestrator.spec.catalogue import InstanceType
 
 NANO = InstanceType("cpu.nano", 1, 0.05, 256, health={"IperfGbps": 0.2})
+
+
+def stress_command(opts, cpus):
+    """The command as the engine makes it without a reading of the cgroup."""
+    return _stress_command(opts, cpus, vm_bytes_for(opts, None, 1)[0])
 
 
 def test_limits_granted():

@@ -11,9 +11,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.health import options as O
-from orchestrator.health.stress import StressOptions, stress_command
+from orchestrator.health.stress import StressOptions, vm_bytes_for
+from orchestrator.health.stress import stress_command as _stress_command
 
 INJECTION = "16M; echo INJECTED $(id -u) #"
+
+
+def stress_command(opts, cpus):
+    """The command as the engine makes it without a reading of the cgroup."""
+    return _stress_command(opts, cpus, vm_bytes_for(opts, None, 1)[0])
 
 
 @pytest.mark.parametrize(

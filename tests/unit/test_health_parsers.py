@@ -557,3 +557,100 @@ def test_mpi_duplicate_rank_and_size_mismatch():
     assert any("ranks printed nothing: 1" in x for x in v.reasons)
     v = judge_mpi_allreduce(parse_mpi_allreduce(text), expected_size=4)
     assert any("size 2 differs from the expected 4" in x for x in v.reasons)
+
+
+# -- the check container's memory (issue 24): sizing and a run the kernel killed ---------------
+
+CGROUP_V2_HANDWRITTEN = """@@HP-STRESS-MEMORY@@
+== memory.max
+268435456
+== memory.current
+241172480
+== memory.events
+low 0
+high 0
+max 12
+oom 1
+oom_kill 1
+== memory.stat
+anon 4194304
+file 234881024
+kernel 2097152
+shmem 0
+file_dirty 1048576
+== meminfo
+MemTotal:       24683568 kB
+MemAvailable:   20938100 kB
+@@HP-STRESS-MEMORY-END@@
+"""
+
+
+def test_cgroup_memory_of_both_versions():
+    from orchestrator.health.stress import parse_cgroup_memory
+
+    v1 = parse_cgroup_memory(fx("hp-stress-trixie-cgroup1-page-cache-220M.txt"))
+    assert v1 is not None and v1.limit == 256 * 2**20 and v1.oom_kills == 0
+    assert v1.file > 200 * 2**20 and v1.dirty == 0  # hp-stress --memory syncs first
+    assert v1.held < 16 * 2**20  # the page cache can be reclaimed: it is not held
+    assert v1.host_available is not None and v1.host_available > 2**30  # /proc/meminfo's kB, as bytes
+    v2 = parse_cgroup_memory(CGROUP_V2_HANDWRITTEN)
+    assert v2 is not None and (v2.limit, v2.usage, v2.file, v2.oom_kills) == (256 * 2**20, 241172480, 234881024, 1)
+    assert v2.held == 241172480 - 234881024
+    unlimited = parse_cgroup_memory(CGROUP_V2_HANDWRITTEN.replace("268435456", "max"))
+    assert unlimited is not None and unlimited.limit is None
+    assert parse_cgroup_memory("stress-ng: no marker") is None
+    oom = parse_cgroup_memory(fx("hp-stress-trixie-cgroup1-oom-137.txt"))  # after the run: the kills
+    assert oom is not None and oom.oom_kills == 8 and oom.shmem > 90 * 2**20 and oom.held > 90 * 2**20
+
+
+def test_memory_stressor_is_sized_from_what_the_container_has():
+    from orchestrator.health.stress import StressOptions, parse_cgroup_memory, vm_bytes_for
+
+    cached = parse_cgroup_memory(fx("hp-stress-trixie-cgroup1-page-cache-220M.txt"))
+    # 220 MiB of page cache in a 256 MiB cgroup: reclaimable, so 64M still fits untouched
+    assert vm_bytes_for(StressOptions(vm_bytes="64M"), cached, 1) == (64 * 2**20, "")
+    # the largest size the CLI takes on a 256 MiB node (75%) is cut to half of what is left
+    size, note = vm_bytes_for(StressOptions(vm_bytes="192M"), cached, 1)
+    assert size is not None and 100 * 2**20 < size < 110 * 2**20 and "cut to" in note and "page cache" in note
+    # a percentage is of the host's available memory (as stress-ng takes it), then cut
+    size, note = vm_bytes_for(StressOptions(vm_bytes="5%"), cached, 1)
+    assert size is not None and size < 110 * 2**20 and "asked 5%" in note
+    # without a reading (an older check image): the size as asked
+    assert vm_bytes_for(StressOptions(vm_bytes="5%"), None, 1) == ("5%", "")
+    # tmpfs holding almost everything: no room, so the check cannot run (and says why)
+    full = parse_cgroup_memory(fx("hp-stress-trixie-cgroup1-oom-137.txt"))
+    size, why = vm_bytes_for(StressOptions(vm_bytes="32M"), full, 1)
+    assert size is None and "no room for a memory stressor" in why and "tmpfs 99 MiB" in why
+    with pytest.raises(ValueError):
+        vm_bytes_for(StressOptions(vm_bytes="16M; echo x"), cached, 1)
+
+
+def test_a_stress_run_the_kernel_killed_is_no_verdict():
+    """The real run (cgroup v1, trixie's stress-ng): the cgroup ran out of memory while
+    stress-ng ran, the OOM killer killed 8 processes and stress-ng itself (exit 137)."""
+    from orchestrator.health.stress import judge, parse_cgroup_memory
+    from orchestrator.spec.catalogue import InstanceType
+
+    nano = InstanceType("cpu.nano", 1, 0.05, 256)
+    before = parse_cgroup_memory(fx("hp-stress-trixie-cgroup1-oom-137-before.txt"))
+    v = judge(nano, fx("hp-stress-trixie-cgroup1-oom-137.txt"), 0.25, [], before, 0)
+    assert not v.passed and v.not_run == v.reasons[0]
+    assert v.not_run.startswith("the check could not run: stress-ng exited 137: terminated by signal 9")
+    assert "OOM killer killed 8 process(es)" in v.not_run and "memory limit 128 MiB" in v.not_run
+    # without a reading before (an older image) a 137 is still the kernel's doing
+    assert judge(nano, fx("hp-stress-trixie-cgroup1-oom-137.txt"), 0.25, []).not_run
+    # the wrapper itself killed (no exit status printed)
+    assert "wrapper was killed (exit 137)" in judge(nano, "Killed\n", 0.25, [], None, 137).not_run
+    # stress-ng exited 0 but a stressor was OOM-killed (and restarted) during the run
+    ok = fx("stress-ng-0.15.06-pass.log") + "@@HP-STRESS-YAML@@\n" + fx("stress-ng-0.15.06-pass.yaml")
+    after = CGROUP_V2_HANDWRITTEN.replace("oom_kill 1", "oom_kill 3")
+    v = judge(nano, ok + after + "@@HP-STRESS-RC=0\n", 1.0, [], parse_cgroup_memory(CGROUP_V2_HANDWRITTEN), 0)
+    assert v.not_run.startswith("the check could not run: stress-ng exited 0; the OOM killer killed 2 process(es)")
+    # no kill: judged as before (a real failure stays a failure, a pass a pass)
+    v = judge(
+        nano, ok + CGROUP_V2_HANDWRITTEN + "@@HP-STRESS-RC=0\n", 1.0, [], parse_cgroup_memory(CGROUP_V2_HANDWRITTEN)
+    )
+    assert not v.not_run
+    bad = fx("stress-ng-0.15.06-child-sigkill.log") + "@@HP-STRESS-YAML@@\n@@HP-STRESS-RC=2\n"
+    v = judge(nano, bad, 1.0, [])
+    assert not v.passed and not v.not_run

@@ -89,7 +89,7 @@ def test_create_starts_the_database_then_slurmdbd_then_slurmctld(tmp_path):
     assert db.spec.volumes == {"hp-lab-db": "/var/lib/mysql"} and "/etc/mysql/hp-init.sql" in db.files
     assert db.spec.cpu_limit == 1.0
     rest = p.node("lab", "slurmrestd")
-    assert rest.spec.ports == {6820: ("127.0.0.1", 0)} and set(rest.files) == {"/etc/slurm/slurm.conf"}
+    assert set(rest.files) == {"/etc/slurm/slurm.conf"}
     ctl = p.node("lab", "controller-1")
     assert ctl.files["/etc/slurm/jwt.key"] == accounting.jwt_key(c)
     for f in ("jwt.key", "db.password"):
@@ -480,9 +480,17 @@ def test_endpoints_serve_on_recorded_ports_and_survive_a_restart(tmp_path, monke
         with urllib.request.urlopen(murl, timeout=5) as r:
             assert b"slurm_nodes{" in r.read()
         port = int(rurl.rsplit(":", 1)[1])
-        # a good token, but the fake engine publishes no port for slurmrestd: 502, said so
-        status, doc, _ = req(port, "GET", "/slurm/v0.0.42/ping", jwt.sign(accounting.jwt_key(c), "hpuser", 60))
-        assert status == 502 and "not published" in doc["errors"][0]["error"]
+        # a good token, but slurmrestd's container has no address on the cluster's network: 502, said so
+        token = jwt.sign(accounting.jwt_key(c), "hpuser", 60)
+        status, doc, _ = req(port, "GET", "/slurm/v0.0.42/ping", token)
+        assert status == 502 and "no address on network hp-lab" in doc["errors"][0]["error"]
+        # slurmrestd is asked at its address on the cluster's network, port 6820 (published nowhere)
+        w.provider.node("lab", "slurmrestd").address = "127.0.0.1"
+        assert ep.upstream(True) == ("127.0.0.1", accounting.REST_PORT)
+        # with registered hosts the overlay is out of reach: said at once, not after a connect timeout
+        with monkeypatch.context() as m, pytest.raises(ConnectionError, match="REST across hosts is not supported yet"):
+            m.setattr(type(ep.cluster), "multihost", property(lambda self: True))
+            ep.upstream(True)
         monkeypatch.setattr("orchestrator.cli.services.env", lambda: w.env)
         monkeypatch.setattr("sys.argv", ["hp", "api", "lab"])
         with pytest.raises(SystemExit) as e:

@@ -172,3 +172,87 @@ def test_catalogue_extension(tmp_path, monkeypatch):
     p.write_text("broken: {VCpus: 1}\n")
     with pytest.raises(BadInput):
         load_catalogue()
+
+
+# Values the engine judged by hand (Docker 20.10, create_container / inspect_image):
+# valid ones answer "No such image", refused ones "invalid reference format".
+ENGINE_ACCEPTS = [
+    "hp-worker:abc",
+    "hp-worker:does-not-exist",
+    "localhost:5000/a/b:t",
+    "localhost/a",
+    "Foo.com/bar",
+    "LOCALHOST:5000/a",
+    "Foo:5000/a",
+    "a__b",
+    "a--b:T_.-",
+    "x:" + "a" * 128,
+    "a@sha256:" + "a" * 64,
+    "a" * 64,
+    "sha256:" + "0" * 64,
+    "sha512:" + "0" * 128,
+    "ubuntu:24.04",
+]
+ENGINE_REFUSES = [
+    "",
+    "a b",
+    "UPPER:1",
+    "Foo/bar",
+    "a/B",
+    "x:",
+    "-x",
+    "x:" + "a" * 129,
+    "a" * 256,
+    "a___b",
+    "a..b",
+    "a:-t",
+    "a@sha256:" + "a" * 63,
+    "a@md5:" + "0" * 32,
+    "img:tag\n",
+]
+
+
+@pytest.mark.parametrize("ref", ENGINE_ACCEPTS)
+def test_image_references_the_engine_takes_pass(ref):
+    from orchestrator.spec.reference import reference_problem
+
+    assert reference_problem(ref) is None
+    validate(spec(group("c", "Controller", Image=ref)), CAT)
+
+
+@pytest.mark.parametrize("ref", ENGINE_REFUSES)
+def test_image_references_the_engine_refuses_are_refused_with_the_group(ref):
+    ps = problems(spec(group("c", "Controller"), group("w", "Compute", parts=["p"], Image=ref)))
+    assert (
+        len(ps) == 1
+        and ps[0].startswith("InstanceGroups[1].Image: ")
+        and "an image reference" in ps[0].replace("a valid", "an")
+    ), ps
+
+
+def test_bad_image_is_reported_with_every_other_problem():
+    ps = problems(spec(group("c", "Controller", Image="Bad Image"), group("w", "Compute", -1, parts=["p"])))
+    assert any("InstanceGroups[0].Image" in p for p in ps) and any("InstanceGroups[1].InstanceCount" in p for p in ps)
+
+
+def test_stored_spec_with_a_bad_image_stays_readable():
+    validate(spec(group("c", "Controller", Image="Bad Image")), CAT, existing=True)
+
+
+@pytest.mark.parametrize(
+    ("fields", "needle"),
+    [
+        ("VCpus: 0, CpuLimit: 0.1, MemoryMiB: 300", "VCpus must be at least 1"),
+        ("VCpus: 1, CpuLimit: 0, MemoryMiB: 300", "CpuLimit must be at least 0.01"),
+        ("VCpus: 1, CpuLimit: .nan, MemoryMiB: 300", "CpuLimit must be at least 0.01"),
+        ("VCpus: 1, CpuLimit: 0.1, MemoryMiB: 5", "MemoryMiB must be at least 6"),
+        ("VCpus: 1, CpuLimit: 0.1, MemoryMiB: 300, Gpus: -1", "Gpus must be 0 or more"),
+    ],
+)
+def test_instance_types_docker_or_slurm_would_refuse(tmp_path, monkeypatch, fields, needle):
+    p = tmp_path / "types.yaml"
+    p.write_text(f"bad.type: {{{fields}}}\nok.type: {{VCpus: 1, CpuLimit: 0.01, MemoryMiB: 6}}\n")
+    monkeypatch.setenv("HP_INSTANCE_TYPES", str(p))
+    with pytest.raises(BadInput) as e:
+        load_catalogue()
+    assert len(e.value.problems) == 1 and "bad.type" in e.value.problems[0] and needle in e.value.problems[0]
