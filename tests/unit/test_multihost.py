@@ -659,3 +659,94 @@ def test_the_reconciler_does_not_launch_a_lost_node_recorded_replacing_during_it
     rec.step({n.name: n for n in w.slurm.nodes()})
     assert not [n for n, h in where(w).items() if n in on3], where(w)  # none launched elsewhere
     assert {w.env.store.latest_phases("lab")[n][0] for n in on3} == {"Replacing"}  # left to the watcher
+
+
+# -- a host that does not answer costs a command at most HP_HOST_PING_TIMEOUT ------------------
+@pytest.fixture
+def silent_engine(tmp_path):
+    """A real DockerEngine on a unix socket that accepts connections and never answers
+    (a frozen engine; the kernel queues the connection), and how many it accepted."""
+    import socket
+
+    from orchestrator.docker.engine import DockerEngine
+
+    path = tmp_path / "silent.sock"
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(path))
+    s.listen(64)
+    yield DockerEngine(f"unix://{path}", name="silent", answer_timeout=0.5)  # as registry.engine_for makes them
+    s.close()
+
+
+def test_a_host_that_accepts_and_never_answers_costs_one_ping_timeout(silent_engine, monkeypatch):
+    import time
+
+    monkeypatch.setattr(mh, "PING_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(mh, "RETRY_S", 30.0)
+    a = FakeProvider(name="a")
+    a.images["img:1"] = "sha256:one"
+    a.create_container(spec("y"))
+    p = MultiHostProvider({"a": a, "b": silent_engine}, FakeProvider())
+    t0 = time.monotonic()
+    assert [c.name for c in p.containers()] == ["y"]  # docker-py alone would wait 60 s on b
+    p.networks()
+    p.volumes()
+    with pytest.raises(HostUnavailable, match="host b does not answer: .*server API version"):
+        p.engine("b") and p._call("b", lambda e: e.containers())
+    took = time.monotonic() - t0
+    assert took < 1.5, took  # one ping of b, at the first call; none after
+    assert list(p.unreachable()) == ["b"]
+
+
+def test_a_host_the_watcher_recorded_lost_is_not_even_pinged(tmp_path, monkeypatch):
+    from orchestrator.hosts import registry
+    from orchestrator.state.store import Store
+
+    store = Store(tmp_path / "home")
+    store.add_host("h1", "unix:///nowhere/1.sock", {})
+    store.add_host("h2", "unix:///nowhere/2.sock", {})
+    registry.record_lost(store, "h2", "connection refused", since=100.0, now=1000.0)
+    rows = store.hosts()
+    assert registry.lost_hosts(rows, now=1005.0) == {"h2": "connection refused (lost since 1970-01-01T00:01:40.000Z)"}
+    assert registry.lost_hosts(rows, now=1000.0 + registry.LOST_TRUST_S) == {}  # a stale record: pinged again
+    registry.record_lost(store, "nohost", "x")  # a host removed meanwhile: nothing to record
+    a, b = FakeProvider(name="a"), FakeProvider(name="b")
+    calls = []
+    b.ping = lambda timeout=None: calls.append("ping")  # type: ignore[method-assign]
+    p = MultiHostProvider({"h1": a, "h2": b}, FakeProvider(), lost={"h2": "connection refused"})
+    p.containers()
+    assert calls == [] and p.unreachable() == {"h2": "connection refused"}
+    assert p.check() == {} and calls == ["ping"]  # the watcher's own check pings every host
+
+
+def test_the_watcher_records_a_lost_host_while_it_is_lost(tmp_path, monkeypatch):
+    from orchestrator.hosts import registry
+
+    w = multi_world(tmp_path)
+    for h in w.hosts:
+        w.env.store.add_host(h, f"unix:///{h}.sock", {})
+    make(w)
+    lose(w, "h3", monkeypatch)
+    hw = run_watch(w)
+    rows = w.env.store.hosts()
+    assert set(registry.lost_hosts(rows)) == {"h3"}
+    w.hosts["h3"].up = True
+    hw.poll()
+    assert registry.lost_hosts(w.env.store.hosts()) == {}
+    assert all(r.opt(registry.LOST_KEY) is None for r in w.env.store.hosts())
+
+
+def test_hp_nodes_and_describe_name_the_unreachable_host(tmp_path, monkeypatch):
+    from orchestrator.cluster.exec import exec_target
+    from orchestrator.cluster.query import describe
+
+    w = multi_world(tmp_path)
+    make(w)
+    on3 = sorted(n for n, h in where(w).items() if h == "h3")
+    w.hosts["h3"].up = False
+    w.env.provider.check()
+    doc = nodes(w.env, "lab")
+    assert set(doc["UnreachableHosts"]) == {"h3"}
+    assert set(describe(w.env, "lab")["UnreachableHosts"]) == {"h3"}
+    with pytest.raises(OperationFailed, match=f"node {on3[0]} of cluster 'lab' is on host h3, which is unreachable"):
+        exec_target(w.env, "lab", on3[0])
