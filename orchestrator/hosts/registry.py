@@ -13,8 +13,10 @@ swarm hp made, the first hosts are managers, at most three and an odd number (1,
 host blocks new containers from joining overlay networks; with three, any one host may
 be lost. In a swarm hp did not make, roles are left as they are.
 
-Nothing half-done: a host that cannot be reached, of another architecture, in another
-swarm, or that fails to join is not recorded (and a join that went through is undone).
+Nothing half-done: a host that cannot be reached, of another architecture, that cannot
+run the nodes (probe.py: no FUSE device for containers, no mount, the swarm's ports
+closed), in another swarm, or that fails to join is not recorded (and a join that went
+through is undone).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from urllib.parse import urlparse
 
 from ..docker import engine as engine_mod
 from ..docker.engine import DockerEngine
+from ..docker.images import Images
 from ..docker.multihost import PING_TIMEOUT_S, MultiHostProvider
 from ..docker.provider import Provider
 from ..docker.views import NODE_ROLES, EngineInfo
@@ -38,6 +41,7 @@ from ..errors import BadInput, EngineError, EngineUnavailable, NotFound, Operati
 from ..naming import L_CLUSTER
 from ..spec.model import name_problem
 from ..state.store import HostRow, Store, iso
+from . import probe
 
 log = logging.getLogger("hp.hosts")
 Log = Callable[[str], None]
@@ -202,6 +206,7 @@ def add(
         raise EngineUnavailable(f"cannot reach the Docker engine of host {name} at {url}: {_first(e)}") from None
     _check_same_kind(store, name, info)
     others = store.hosts()
+    _check_nodes_run(eng, name, _manager(store)[2].swarm_addr if others else None, log)
     advertise = _advertise(url, advertise_addr)
     joined = False
     if not others:
@@ -251,6 +256,15 @@ def _check_same_kind(store: Store, name: str, info: EngineInfo) -> None:
             )
     if info.os and "windows" in info.os.lower():
         raise BadInput(f"host {name} runs Windows containers ({info.os}): hp needs a Linux engine", "cannot add host")
+
+
+def _check_nodes_run(eng: DockerEngine, name: str, manager: str | None, log: Log) -> None:
+    """A probe container on the host: the FUSE device, mounting, the swarm's ports."""
+    local = engine_mod.DockerEngine()
+    ref, iid = Images(local).base(log)
+    probe.ensure_image(eng, local, ref, iid, log)
+    if problems := probe.problems(eng, ref, manager):
+        raise BadInput([f"host {name} cannot run hp's nodes: {p}" for p in problems], "cannot add host")
 
 
 def _first_host_swarm(eng: DockerEngine, name: str, info: EngineInfo, advertise: str | None, log: Log) -> str:

@@ -159,6 +159,37 @@ def test_hosts_are_registered_in_one_swarm_and_bad_hosts_are_refused(lab: Lab) -
     assert [h["Name"] for h in lab.hp.json("hosts", "list")["Hosts"]] == ["h1", "h2", "h3"]
 
 
+def test_a_host_whose_engine_cannot_hand_nodes_dev_fuse_is_refused_until_it_can(lab: Lab) -> None:
+    harness = lab.harness
+    h4 = harness.start(1, first=4, fuse=False)[0]  # a Docker-in-Docker host without --device /dev/fuse
+    add = ("hosts", "add", "h4", "--docker-host", h4.url, "--cpus", str(CPUS), "--memory-mib", str(MEMORY_MIB),
+           "--advertise-addr", h4.ip)  # fmt: skip
+    try:
+        t0 = time.monotonic()
+        r = lab.hp(*add)
+        took = time.monotonic() - t0
+        print(f"\nhp hosts add of a host without /dev/fuse: exit {r.returncode} in {took:.1f} s: {r.stderr.strip()}")
+        assert r.returncode == 2, r.stderr
+        assert "host h4 cannot run hp's nodes" in r.stderr and "/dev/fuse" in r.stderr
+        assert "--device /dev/fuse" in r.stderr and "modprobe fuse" in r.stderr  # the fix
+        doc = lab.hp.json("hosts", "list")
+        assert [h["Name"] for h in doc["Hosts"]] == ["h1", "h2", "h3"]  # nothing recorded
+        c = harness.client(h4.name)
+        try:
+            assert c.info()["Swarm"]["LocalNodeState"] == "inactive"  # nor joined to the swarm
+        finally:
+            c.close()
+        h4 = harness.recreate(4)  # the same host, given the device
+        t0 = time.monotonic()
+        lab.hp(*add, check=True)
+        print(f"the same host given /dev/fuse: accepted in {time.monotonic() - t0:.1f} s")
+        assert [h["Name"] for h in lab.hp.json("hosts", "list")["Hosts"]] == ["h1", "h2", "h3", "h4"]
+        lab.hp("hosts", "remove", "h4", check=True)
+    finally:
+        harness.docker.api.remove_container(h4.name, force=True, v=True)
+    assert [h["Name"] for h in lab.hp.json("hosts", "list")["Hosts"]] == ["h1", "h2", "h3"]
+
+
 # -- a cluster across the hosts ----------------------------------------------------------------
 def test_a_cluster_spreads_over_three_hosts_and_shares_home(lab: Lab, tmp_path: Path) -> None:
     hp = lab.hp
