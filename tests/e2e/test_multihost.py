@@ -159,7 +159,7 @@ def test_hosts_are_registered_in_one_swarm_and_bad_hosts_are_refused(lab: Lab) -
     assert [h["Name"] for h in lab.hp.json("hosts", "list")["Hosts"]] == ["h1", "h2", "h3"]
 
 
-def test_a_host_whose_engine_cannot_hand_nodes_dev_fuse_is_refused_until_it_can(lab: Lab) -> None:
+def test_a_host_whose_engine_cannot_hand_nodes_dev_fuse_is_refused_until_it_can(lab: Lab, tmp_path: Path) -> None:
     harness = lab.harness
     h4 = harness.start(1, first=4, fuse=False)[0]  # a Docker-in-Docker host without --device /dev/fuse
     add = ("hosts", "add", "h4", "--docker-host", h4.url, "--cpus", str(CPUS), "--memory-mib", str(MEMORY_MIB),
@@ -184,6 +184,19 @@ def test_a_host_whose_engine_cannot_hand_nodes_dev_fuse_is_refused_until_it_can(
         lab.hp(*add, check=True)
         print(f"the same host given /dev/fuse: accepted in {time.monotonic() - t0:.1f} s")
         assert [h["Name"] for h in lab.hp.json("hosts", "list")["Hosts"]] == ["h1", "h2", "h3", "h4"]
+        # the host loses the device later: create's preflight refuses before anything is streamed or made
+        h4 = harness.recreate(4, fuse=False)
+        t0 = time.monotonic()
+        r = lab.hp("create", "-f", str(write_spec(tmp_path / "f.json", spec("mhfuse", compute=1))))
+        took = time.monotonic() - t0
+        print(f"hp create with h4 without /dev/fuse: exit {r.returncode} in {took:.1f} s")
+        assert r.returncode == 2, r.stderr
+        assert "host h4 cannot run hp's nodes now" in r.stderr and "/dev/fuse" in r.stderr, r.stderr
+        assert "streaming" not in r.stderr  # no node image went to any host
+        assert "mhfuse" not in lab.hp("list").stdout
+        for i in (1, 2, 3):
+            assert lab.labelled(i, "mhfuse") == {"containers": [], "networks": [], "volumes": []}
+        assert took < 30
         lab.hp("hosts", "remove", "h4", check=True)
     finally:
         harness.docker.api.remove_container(h4.name, force=True, v=True)
