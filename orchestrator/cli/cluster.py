@@ -156,12 +156,19 @@ def describe(name: str, json_out: bool = JsonOpt) -> None:
     doc = do_describe(e, name)
     doc["Agent"] = agent
     out = Out(json_out)
+    warn_unreachable(out, doc)
     if json_out:
         out.json(doc)
         return
     print_groups(out, doc)
     print_services(doc)
     print(f"agent: {'restarted' if agent['Restarted'] else 'alive'} (pid {agent['Pid']})")
+
+
+def warn_unreachable(out: Out, doc: dict[str, Any]) -> None:
+    """On stderr (also with --json): the registered hosts that do not answer."""
+    for h, why in (doc.get("UnreachableHosts") or {}).items():
+        out.info(f"warning: host {h} is unreachable ({why}): what it holds is shown as last recorded")
 
 
 def print_services(doc: dict[str, Any]) -> None:
@@ -191,6 +198,7 @@ def nodes(
     e.agents.ensure(name)
     doc = do_nodes(e, name, group)
     out = Out(json_out)
+    warn_unreachable(out, doc)
     if json_out:
         out.json(doc)
         return

@@ -76,7 +76,10 @@ class Env:
         where there are GPUs), and the user's file. Without an engine (or when
         discovery fails) there are no discovered types."""
         discovered: dict[str, dict] = {}
+        down = self.provider.unreachable()
         for host in self.provider.engines():  # every host's GPU types (one engine: its own)
+            if host in down:  # its types come back with it
+                continue
             try:
                 discovered.update({t.name: t.catalogue_entry() for t in self.gpus(host=host).instance_types()})
             except TRANSIENT as e:

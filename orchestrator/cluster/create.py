@@ -34,7 +34,7 @@ from . import capacity
 from .context import Cluster, Env, parallel
 from .delete import remove_resources
 from .launcher import Launcher
-from .multihost import ensure_fileserver, prove_traffic
+from .multihost import ensure_fileserver, host_problems, placement_problems, prove_traffic
 
 log = logging.getLogger("hp")
 
@@ -144,8 +144,6 @@ def create(env: Env, spec: ClusterSpec, opts: CreateOptions, progress: Progress 
     check_name_free(env, name)
     # fixed from now on (slurm.conf): the node slots, and whether the services run
     spec = spec.model_copy(update={"MaxNodeCount": spec.max_nodes}).with_services_fixed()
-    from .multihost import placement_problems
-
     problems = placement_problems(env, spec)
     if opts.encrypt_network and not env.multihost:
         problems.append("--encrypt-network: a cluster on one engine has no traffic between hosts (hp hosts add)")
@@ -158,6 +156,9 @@ def create(env: Env, spec: ClusterSpec, opts: CreateOptions, progress: Progress 
     progress.stage("images", "checking node images")
     images = env.images.build(image_defs(spec, env.catalogue, env.multihost), log=lambda s: progress.stage("images", s))
     if env.multihost:
+        progress.stage("hosts", "probing what nodes need on every host")
+        if problems := host_problems(env, lambda s: progress.stage("hosts", s)):
+            raise BadInput(problems, "cannot create")
         progress.stage("images", "on every host")
         # with the base image's tag (its layers travel anyway): GPU discovery probes in it
         refs = sorted(set(images.values()) | {env.images.base(make=False)[0]})

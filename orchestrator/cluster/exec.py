@@ -19,6 +19,10 @@ def exec_target(env: Env, name: str, node: str | None) -> str:
         c = containers.get(node) or next(
             (c for c in containers.values() if c.name == node or c.id.startswith(node)), None
         )
+        if c is None and (lost := cluster.lost_nodes(containers).get(node)):
+            raise OperationFailed(
+                f"node {node} of cluster {name!r} is on host {lost[0]}, which is unreachable ({lost[1]})"
+            )
         if c is None:
             raise BadInput(f"cluster {name!r} has no node {node!r} (nodes: {', '.join(sorted(containers))})")
         if not c.running:

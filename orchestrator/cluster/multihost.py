@@ -5,17 +5,20 @@
 - its /home is a GlusterFS file server container on the controller's host, on the
   cluster's home volume, reached over the overlay by login and compute nodes, which
   mount it (FUSE) before their Slurm daemon starts (`ensure_fileserver`);
-- a spec's `Placement` names registered hosts (`placement_problems`).
+- a spec's `Placement` names registered hosts (`placement_problems`);
+- every host nodes may go to still runs them (`host_problems`: create's preflight).
 """
 
 from __future__ import annotations
 
 import logging
 import secrets
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..docker.views import ContainerSpec
 from ..errors import EngineError, EngineUnavailable, OperationFailed
+from ..hosts import probe
 from ..naming import L_HOST, fileserver_name, labels, network_name, shared_volume
 from ..spec.model import ClusterSpec
 from .context import Cluster, parallel
@@ -26,6 +29,26 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("hp")
 
 FILESERVER_MEMORY = 512 << 20
+
+
+def host_problems(env: Env, log: Callable[[str], None]) -> list[str]:
+    """Create's preflight on registered hosts: every reachable host nodes may be placed
+    on still runs them (hosts/probe.py, as `hp hosts add` checked), probed at once,
+    before any image is streamed or any container made."""
+    p = env.provider
+    down = p.unreachable()
+    out = {r.name for r in env.store.hosts() if r.opt("draining") or r.opt("fenced")}
+    hosts = [h for h in p.engines() if h not in down and h not in out]
+    ref = env.images.base(make=False)[0]  # on the hosts since hp hosts add (else brought now)
+
+    def one(h: str) -> list[str]:
+        try:
+            return [f"host {h} cannot run hp's nodes now: {x}" for x in probe.problems(p, ref, None, h)]
+        except EngineUnavailable as ex:  # gone meanwhile: placement leaves it out
+            log(f"host {h}: {str(ex).splitlines()[0][:200]}")
+            return []
+
+    return [x for xs in parallel(one, hosts) for x in xs]
 
 
 def placement_problems(env: Env | None, spec: ClusterSpec) -> list[str]:

@@ -82,7 +82,14 @@ def describe(env: Env, name: str) -> dict[str, Any]:
         "SlurmControllerHost": cluster.controller_host,
         "InstanceGroups": group_views(spec, nodes, active_ops(env, name)),
         **services_view(cluster),
+        **unreachable_view(env),
     }
+
+
+def unreachable_view(env: Env) -> dict[str, Any]:
+    """With registered hosts: those that do not answer now (host -> why); what they
+    hold is shown as last recorded."""
+    return {"UnreachableHosts": env.provider.unreachable()} if env.multihost else {}
 
 
 def services_view(cluster: Cluster) -> dict[str, Any]:
@@ -109,4 +116,5 @@ def nodes(env: Env, name: str, group: str | None = None) -> dict[str, Any]:
     return {
         "ClusterName": name,
         "ClusterNodeSummaries": [v.as_dict() for v in views if group is None or v.group == group],
+        **unreachable_view(env),
     }

@@ -100,7 +100,9 @@ class DockerEngine:
     TLS) or ssh://user@host (through the system's ssh client); None: DOCKER_HOST or the
     local socket. `cpus` / `memory_mib` replace what the engine reports about its host
     (a registered host's capacity override: Docker-in-Docker test hosts all report the
-    whole machine). `timeout`: seconds per API call (docker-py's default 60)."""
+    whole machine). `timeout`: seconds per API call (docker-py's default 60);
+    `answer_timeout`: seconds for the engine's first answer (the API version docker-py
+    asks for before any call; a registered host's: HP_HOST_PING_TIMEOUT)."""
 
     def __init__(
         self,
@@ -112,7 +114,9 @@ class DockerEngine:
         cpus: int | None = None,
         memory_mib: int | None = None,
         tls_dir: str | None = None,
+        answer_timeout: float | None = None,
     ):
+        self._answer_timeout = answer_timeout
         self._base_url = base_url
         self._pool_size = pool_size
         self._timeout = timeout
@@ -134,8 +138,8 @@ class DockerEngine:
 
             where = self.base_url
             kw: dict[str, Any] = {"max_pool_size": self._pool_size, "version": "auto"}
-            if self._timeout:
-                kw["timeout"] = self._timeout
+            if self._answer_timeout or self._timeout:
+                kw["timeout"] = self._answer_timeout or self._timeout
             try:
                 if self._base_url:
                     if self._base_url.startswith("ssh://"):
@@ -147,21 +151,28 @@ class DockerEngine:
                             ca_cert=str(d / "ca.pem"),
                             verify=True,
                         )
-                    self._api = docker.APIClient(base_url=self._base_url, **kw)
+                    api = docker.APIClient(base_url=self._base_url, **kw)
                 else:
-                    self._api = docker.APIClient(**kw, **docker.utils.kwargs_from_env())
+                    api = docker.APIClient(**kw, **docker.utils.kwargs_from_env())
             except docker.errors.DockerException as e:
                 raise EngineUnavailable(DOCKER_HELP.format(detail=f" at {where} ({_short(e)})")) from None
+            api.timeout = self._timeout or docker.constants.DEFAULT_TIMEOUT_SECONDS  # the calls' own
+            self._api = api
         return self._api
 
     def ping(self, timeout: float | None = None) -> None:
         """Raise EngineUnavailable unless the engine answers (within `timeout` seconds)."""
+        import requests
+
         with _errors("ping"):
-            if timeout is None:
-                self.api.ping()
-            else:
-                api = self.api
-                api._result(api._get(api._url("/_ping"), timeout=timeout))
+            try:
+                if timeout is None:
+                    self.api.ping()
+                else:
+                    api = self.api
+                    api._result(api._get(api._url("/_ping"), timeout=timeout))
+            except requests.exceptions.Timeout:  # connected, and no answer: as good as none
+                raise EngineUnavailable(f"no answer to a ping within {timeout or self._timeout or 60:g} s") from None
 
     def info(self, refresh: bool = False) -> EngineInfo:
         """The engine's host facts; fetched once per provider (again with `refresh`)."""

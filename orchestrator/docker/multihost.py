@@ -16,9 +16,13 @@ the Protocol, next to `DockerEngine` (one engine); hp uses it when hosts are reg
 - Images are built on the local engine (the image source) and made present on a host
   by image id before a node is placed there: one `docker save` fanned out to every host
   that lacks one (with progress), or, with HP_REGISTRY, pulled from that registry.
-- Reachability. A host whose engine fails a call (or a ping) is unreachable: it is
-  skipped by lists (`unreachable()` says which and why) and tried again at most every
-  RETRY_S. Calls aimed at it raise EngineUnavailable naming it.
+- Reachability. Before the first call on any host, every host is pinged at once
+  (HP_HOST_PING_TIMEOUT each, 2 s: a host that does not answer costs a command at most
+  that, never docker-py's 60 s per call); a host named in `lost` (the host watcher saw
+  it not answering moments ago) is not even pinged. A host whose engine fails a call (or
+  a ping) is unreachable: it is skipped by lists (`unreachable()` says which and why)
+  and tried again at most every RETRY_S (a `lost` one: after LOST_RETRY_S). Calls aimed
+  at it raise EngineUnavailable naming it.
 
 Never a restart policy: a host that comes back must not revive a stale copy of a node
 that was replaced elsewhere (hp removes those before anything starts).
@@ -54,6 +58,7 @@ log = logging.getLogger("hp.hosts")
 T = TypeVar("T")
 
 RETRY_S = 1.0  # an unreachable host is tried again at most this often
+LOST_RETRY_S = 30.0  # ... and one the host watcher said is lost (longer than a command)
 PING_TIMEOUT_S = float(os.environ.get("HP_HOST_PING_TIMEOUT", "2"))
 FANOUT_DEPTH = 16  # chunks queued per destination of a fanned-out image stream
 PROGRESS_EVERY = 64 << 20
@@ -83,6 +88,7 @@ class MultiHostProvider:
         *,
         mtu: int | None = None,
         registry: str | None = None,
+        lost: dict[str, str] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ):
         if not engines:
@@ -93,7 +99,12 @@ class MultiHostProvider:
         self.registry = registry if registry is not None else (os.environ.get("HP_REGISTRY") or None)
         self.clock = clock
         self._lock = threading.RLock()
-        self._down: dict[str, tuple[float, str]] = {}  # host -> (last try, why)
+        self._down: dict[str, tuple[float, str]] = {}  # host -> (next try, why)
+        for h, why in (lost or {}).items():
+            if h in self._engines:
+                self._down[h] = (clock() + LOST_RETRY_S, why)
+        self._checked = False  # every host pinged once (before the first call on any)
+        self._first = threading.Lock()
         self._where: dict[str, str] = {}  # container id / name -> host
         self._execs: dict[str, str] = {}  # exec id -> host
         self._image_locks: dict[str, threading.Lock] = {h: threading.Lock() for h in engines}
@@ -111,11 +122,24 @@ class MultiHostProvider:
     def unreachable(self, refresh: bool = False) -> dict[str, str]:
         if refresh:
             self.check()
+        else:
+            self._first_check()
         with self._lock:
             return {h: why for h, (_, why) in self._down.items()}
 
-    def check(self) -> dict[str, str]:
-        """Ping every host now (in parallel, PING_TIMEOUT_S each); the unreachable ones -> why."""
+    def _first_check(self) -> None:
+        """Once per provider: ping the hosts not already known lost, all at once."""
+        if self._checked:
+            return
+        with self._first:  # the other threads wait for it: none calls a host unchecked
+            if not self._checked:
+                with self._lock:
+                    hosts = [h for h in self._engines if h not in self._down]
+                self.check(hosts)
+
+    def check(self, hosts: Iterable[str] | None = None) -> dict[str, str]:
+        """Ping every host (or those given) now, in parallel, PING_TIMEOUT_S each; the
+        unreachable ones -> why."""
         res: dict[str, str | None] = {}
 
         def one(host: str) -> None:
@@ -128,7 +152,8 @@ class MultiHostProvider:
                 log.info("ping of %s: %s", host, e)
                 res[host] = None
 
-        threads = [threading.Thread(target=one, args=(h,), daemon=True) for h in self._engines]
+        todo = list(self._engines if hosts is None else hosts)
+        threads = [threading.Thread(target=one, args=(h,), daemon=True) for h in todo]
         for t in threads:
             t.start()
         for t in threads:
@@ -139,22 +164,24 @@ class MultiHostProvider:
                 if why is None:
                     self._down.pop(h, None)
                 else:
-                    self._down[h] = (now, why)
+                    self._down[h] = (now + RETRY_S, why)
+            self._checked = True
             return {h: why for h, (_, why) in self._down.items()}
 
     def _mark_down(self, host: str, why: str) -> None:
         with self._lock:
             if host not in self._down:  # said by unreachable(), hp hosts list and node messages
                 log.info("host %s does not answer: %s", host, why)
-            self._down[host] = (self.clock(), why)
+            self._down[host] = (self.clock() + RETRY_S, why)
 
     def _is_down(self, host: str) -> bool:
         """Down, and not due for another try (a due one is pinged here)."""
+        self._first_check()
         with self._lock:
             d = self._down.get(host)
         if d is None:
             return False
-        if self.clock() - d[0] < RETRY_S:
+        if self.clock() < d[0]:
             return True
         try:
             self._engines[host].ping(timeout=PING_TIMEOUT_S)

@@ -13,8 +13,10 @@ swarm hp made, the first hosts are managers, at most three and an odd number (1,
 host blocks new containers from joining overlay networks; with three, any one host may
 be lost. In a swarm hp did not make, roles are left as they are.
 
-Nothing half-done: a host that cannot be reached, of another architecture, in another
-swarm, or that fails to join is not recorded (and a join that went through is undone).
+Nothing half-done: a host that cannot be reached, of another architecture, that cannot
+run the nodes (probe.py: no FUSE device for containers, no mount, the swarm's ports
+closed), in another swarm, or that fails to join is not recorded (and a join that went
+through is undone).
 """
 
 from __future__ import annotations
@@ -31,13 +33,15 @@ from urllib.parse import urlparse
 
 from ..docker import engine as engine_mod
 from ..docker.engine import DockerEngine
-from ..docker.multihost import MultiHostProvider
+from ..docker.images import Images
+from ..docker.multihost import PING_TIMEOUT_S, MultiHostProvider
 from ..docker.provider import Provider
 from ..docker.views import NODE_ROLES, EngineInfo
 from ..errors import BadInput, EngineError, EngineUnavailable, NotFound, OperationFailed
 from ..naming import L_CLUSTER
 from ..spec.model import name_problem
-from ..state.store import HostRow, Store
+from ..state.store import HostRow, Store, iso
+from . import probe
 
 log = logging.getLogger("hp.hosts")
 Log = Callable[[str], None]
@@ -47,13 +51,18 @@ SCHEMES = ("unix", "tcp", "ssh")
 MAX_MANAGERS = 3
 JOIN_WAIT_S = 30.0
 ADD_TIMEOUT_S = 10.0
+LOST_KEY = "lost"  # in a host's doc: {"why", "since", "seen"}, kept by the host watcher
+LOST_TRUST_S = 10.0
 
 
-def engine_for(row: HostRow, timeout: float | None = None) -> DockerEngine:
+def engine_for(row: HostRow, timeout: float | None = None, answer_timeout: float = PING_TIMEOUT_S) -> DockerEngine:
+    """A registered host's engine: one that does not answer costs a call `answer_timeout`
+    (its first answer), not docker-py's 60 s."""
     return engine_mod.DockerEngine(
         row.url,
         name=row.name,
         timeout=timeout,
+        answer_timeout=answer_timeout,
         cpus=row.opt("cpus"),
         memory_mib=row.opt("memory_mib"),
         tls_dir=row.opt("tls_dir"),
@@ -72,11 +81,35 @@ def overlay_mtu(rows: list[HostRow]) -> int | None:
 
 
 def provider_for(store: Store) -> Provider:
-    """The local engine when no host is registered; else the hosts' engines together."""
+    """The local engine when no host is registered; else the hosts' engines together
+    (those a host watcher found lost moments ago taken as unreachable, not even pinged)."""
     rows = store.hosts()
     if not rows:
         return engine_mod.DockerEngine()  # looked up now (tests replace it)
-    return MultiHostProvider({r.name: engine_for(r) for r in rows}, engine_mod.DockerEngine(), mtu=overlay_mtu(rows))
+    return MultiHostProvider(
+        {r.name: engine_for(r) for r in rows}, engine_mod.DockerEngine(), mtu=overlay_mtu(rows), lost=lost_hosts(rows)
+    )
+
+
+def lost_hosts(rows: list[HostRow], now: float | None = None) -> dict[str, str]:
+    """Host -> why, for the hosts a host watcher recorded as lost within LOST_TRUST_S
+    (it records them every poll while they are; an older record is not trusted: the
+    watcher may have stopped)."""
+    now = time.time() if now is None else now
+    out = {}
+    for r in rows:
+        u = r.opt(LOST_KEY)
+        if isinstance(u, dict) and now - float(u.get("seen", 0)) < LOST_TRUST_S:
+            out[r.name] = f"{u.get('why', 'does not answer')} (lost since {iso(float(u.get('since', now)))})"
+    return out
+
+
+def record_lost(store: Store, host: str, why: str | None, since: float = 0.0, now: float = 0.0) -> None:
+    """The host watcher's record of a lost host (why None: it answers again)."""
+    try:
+        store.update_host(host, **{LOST_KEY: {"why": why, "since": since, "seen": now} if why else None})
+    except KeyError:  # removed meanwhile
+        pass
 
 
 def hosts_registered(home: Path | None = None) -> bool:
@@ -165,7 +198,7 @@ def add(
         raise BadInput(problems, "cannot add host")
     doc: dict[str, Any] = {k: v for k, v in (("cpus", cpus), ("memory_mib", memory_mib), ("tls_dir", tls_dir)) if v}
     row = HostRow(name, url, doc, 0, 0.0)
-    eng = engine_for(row, timeout=ADD_TIMEOUT_S)
+    eng = engine_for(row, timeout=ADD_TIMEOUT_S, answer_timeout=ADD_TIMEOUT_S)
     try:
         eng.ping(timeout=ADD_TIMEOUT_S)
         info = eng.info()
@@ -173,6 +206,7 @@ def add(
         raise EngineUnavailable(f"cannot reach the Docker engine of host {name} at {url}: {_first(e)}") from None
     _check_same_kind(store, name, info)
     others = store.hosts()
+    _check_nodes_run(eng, name, _manager(store)[2].swarm_addr if others else None, log)
     advertise = _advertise(url, advertise_addr)
     joined = False
     if not others:
@@ -224,6 +258,15 @@ def _check_same_kind(store: Store, name: str, info: EngineInfo) -> None:
         raise BadInput(f"host {name} runs Windows containers ({info.os}): hp needs a Linux engine", "cannot add host")
 
 
+def _check_nodes_run(eng: DockerEngine, name: str, manager: str | None, log: Log) -> None:
+    """A probe container on the host: the FUSE device, mounting, the swarm's ports."""
+    local = engine_mod.DockerEngine()
+    ref, iid = Images(local).base(log)
+    probe.ensure_image(eng, local, ref, iid, log)
+    if problems := probe.problems(eng, ref, manager):
+        raise BadInput([f"host {name} cannot run hp's nodes: {p}" for p in problems], "cannot add host")
+
+
 def _first_host_swarm(eng: DockerEngine, name: str, info: EngineInfo, advertise: str | None, log: Log) -> str:
     if info.swarm_state == "active":
         if not info.swarm_manager:
@@ -251,7 +294,7 @@ def _manager(store: Store, skip: str | None = None) -> tuple[str, DockerEngine, 
             continue
         e = engine_for(r, timeout=ADD_TIMEOUT_S)
         try:
-            e.ping(timeout=3)
+            e.ping(timeout=PING_TIMEOUT_S)
             i = e.info(refresh=True)
         except (EngineUnavailable, EngineError) as ex:
             why.append(f"{r.name}: {_first(ex)}")
@@ -355,7 +398,7 @@ def listing(store: Store) -> dict[str, Any]:
         if n is not None:
             d["SwarmRole"], d["SwarmState"] = n["role"], n["state"]
         try:
-            e.ping(timeout=2)
+            e.ping(timeout=PING_TIMEOUT_S)
             info = e.info()
             containers = e.containers()
         except (EngineUnavailable, EngineError) as ex:

@@ -15,6 +15,9 @@ node is placed there until it is Ready again) is lost:
   controller, as in HyperPod; nothing is replaced (no Slurm would take the nodes). It
   comes back with its state (the slurmctld volume is on that host) when the host does.
 
+While a host is lost the watcher keeps a record of it in the registry (renewed every
+RECORD_EVERY_S), so that hp's commands take it as unreachable without waiting on it.
+
 A host that answers again is reconciled before anything starts: copies of nodes that
 were replaced elsewhere are removed (they never run again: hp gives containers no
 restart policy, so a returning engine starts nothing by itself), check containers left
@@ -42,6 +45,7 @@ from ..errors import TRANSIENT, EngineError, EngineUnavailable, report_bug
 from ..naming import node_id
 from ..state.phases import Phase, allowed
 from ..state.store import iso
+from .registry import record_lost
 
 log = logging.getLogger("hp.hosts")
 
@@ -49,6 +53,7 @@ POLL_S = 1.0
 LOST_AFTER_S = float(os.environ.get("HP_HOST_LOST_AFTER", "3"))
 SWARM_EVERY_S = 5.0
 SWEEP_EVERY_S = 5.0
+RECORD_EVERY_S = 2.0  # a lost host's record is renewed this often (registry.LOST_TRUST_S)
 FRESH_S = 20.0  # a host that came back is swept every poll this long
 REPLACE_WAIT_S = 60.0
 HANDS_OFF = ("Creating", "Deleting", "RollingBack", "Failed")
@@ -79,6 +84,7 @@ class HostWatch:
         self._first = True
         self._fresh: dict[str, float] = {}  # host back -> until when it is swept every poll
         self._swarm_reader: threading.Thread | None = None
+        self._recorded: dict[str, float] = {}  # host -> when its loss was last recorded
 
     # -- loop -------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
@@ -106,15 +112,22 @@ class HostWatch:
             self._last_swarm = now
             self._swarm_reader = threading.Thread(target=self._read_swarm, daemon=True, name="hp-swarm-states")
             self._swarm_reader.start()
+        unanswered = set(down)  # its engine (a fenced host's may still answer)
         for h, why in self._swarm_down.items():
             down.setdefault(h, why)
         for h in self.env.provider.engines():
             if h in down:
                 since = self.down_since.setdefault(h, now)
+                due = now - self._recorded.get(h, 0.0) >= RECORD_EVERY_S
+                if h in unanswered and now - since >= LOST_AFTER_S and due:
+                    self._recorded[h] = now  # hp's commands take it as unreachable without waiting on it
+                    record_lost(self.env.store, h, down[h], since, now)
                 if h not in self.acted and now - since >= LOST_AFTER_S:
                     self.acted.add(h)
                     self.host_lost(h, down[h], since)
-            else:
+            if h not in unanswered and self._recorded.pop(h, None) is not None:
+                record_lost(self.env.store, h, None)
+            if h not in down:
                 self.down_since.pop(h, None)
                 if h in self.acted:
                     self.acted.discard(h)

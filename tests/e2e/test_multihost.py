@@ -26,6 +26,8 @@ from typing import Any
 import pytest
 from conftest import Hp, write_spec
 
+from orchestrator.docker.multihost import PING_TIMEOUT_S
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hosts.dind import Harness, Host, Unsupported  # noqa: E402
 
@@ -160,6 +162,50 @@ def test_hosts_are_registered_in_one_swarm_and_bad_hosts_are_refused(lab: Lab) -
     assert [h["Name"] for h in lab.hp.json("hosts", "list")["Hosts"]] == ["h1", "h2", "h3"]
 
 
+def test_a_host_whose_engine_cannot_hand_nodes_dev_fuse_is_refused_until_it_can(lab: Lab, tmp_path: Path) -> None:
+    harness = lab.harness
+    h4 = harness.start(1, first=4, fuse=False)[0]  # a Docker-in-Docker host without --device /dev/fuse
+    add = ("hosts", "add", "h4", "--docker-host", h4.url, "--cpus", str(CPUS), "--memory-mib", str(MEMORY_MIB),
+           "--advertise-addr", h4.ip)  # fmt: skip
+    try:
+        t0 = time.monotonic()
+        r = lab.hp(*add)
+        took = time.monotonic() - t0
+        print(f"\nhp hosts add of a host without /dev/fuse: exit {r.returncode} in {took:.1f} s: {r.stderr.strip()}")
+        assert r.returncode == 2, r.stderr
+        assert "host h4 cannot run hp's nodes" in r.stderr and "/dev/fuse" in r.stderr
+        assert "--device /dev/fuse" in r.stderr and "modprobe fuse" in r.stderr  # the fix
+        doc = lab.hp.json("hosts", "list")
+        assert [h["Name"] for h in doc["Hosts"]] == ["h1", "h2", "h3"]  # nothing recorded
+        c = harness.client(h4.name)
+        try:
+            assert c.info()["Swarm"]["LocalNodeState"] == "inactive"  # nor joined to the swarm
+        finally:
+            c.close()
+        h4 = harness.recreate(4)  # the same host, given the device
+        t0 = time.monotonic()
+        lab.hp(*add, check=True)
+        print(f"the same host given /dev/fuse: accepted in {time.monotonic() - t0:.1f} s")
+        assert [h["Name"] for h in lab.hp.json("hosts", "list")["Hosts"]] == ["h1", "h2", "h3", "h4"]
+        # the host loses the device later: create's preflight refuses before anything is streamed or made
+        h4 = harness.recreate(4, fuse=False)
+        t0 = time.monotonic()
+        r = lab.hp("create", "-f", str(write_spec(tmp_path / "f.json", spec("mhfuse", compute=1))))
+        took = time.monotonic() - t0
+        print(f"hp create with h4 without /dev/fuse: exit {r.returncode} in {took:.1f} s")
+        assert r.returncode == 2, r.stderr
+        assert "host h4 cannot run hp's nodes now" in r.stderr and "/dev/fuse" in r.stderr, r.stderr
+        assert "streaming" not in r.stderr  # no node image went to any host
+        assert "mhfuse" not in lab.hp("list").stdout
+        for i in (1, 2, 3):
+            assert lab.labelled(i, "mhfuse") == {"containers": [], "networks": [], "volumes": []}
+        assert took < 30
+        lab.hp("hosts", "remove", "h4", check=True)
+    finally:
+        harness.docker.api.remove_container(h4.name, force=True, v=True)
+    assert [h["Name"] for h in lab.hp.json("hosts", "list")["Hosts"]] == ["h1", "h2", "h3"]
+
+
 # -- a cluster across the hosts ----------------------------------------------------------------
 def test_a_cluster_spreads_over_three_hosts_and_shares_home(lab: Lab, tmp_path: Path) -> None:
     hp = lab.hp
@@ -242,30 +288,74 @@ def test_instance_connectivity_across_hosts_and_a_host_whose_overlay_is_cut(lab:
     assert set(done["Results"].values()) == {"Passed"}, done["Results"]
 
 
+USER_BOUND_S = 3.0  # each hp command while a host is down (issue 24)
+SRUN_BOUND_S = 20.0  # kill -> srun over every compute node works, as the user sees it
+
+
 def test_docker_kill_of_host_3_brings_its_nodes_back_on_the_others(lab: Lab) -> None:
+    """What the user sees: every hp command answers within USER_BOUND_S while host 3 is
+    down (naming it unreachable), and srun over all six compute nodes works within
+    SRUN_BOUND_S of the kill."""
     hp = lab.hp
     on3 = lab.on_host("h3")
     assert on3
+    took: dict[str, list[float]] = {"nodes": [], "describe": [], "exec": []}
+    named = []
+
+    def timed(kind: str, *args: str) -> Any:
+        t = time.monotonic()
+        r = hp(*args, timeout=60)
+        took[kind].append(time.monotonic() - t)
+        assert r.returncode == 0, r.stderr
+        named.append("host h3 is unreachable" in r.stderr)
+        return r
+
+    # the same commands with every host up: this machine's floor for them
+    timed("nodes", "nodes", NAME, "--json")
+    timed("describe", "describe", NAME, "--json")
+    timed("exec", "exec", NAME, "--", "hostname")
+    floor = {k: v.pop() for k, v in took.items()}
+    named.clear()
     t0 = time.monotonic()
     lab.harness.kill(lab.host(3).name)
-
     seen: list[str] = []
 
     def back() -> bool:
-        n = lab.nodes()
+        n = {
+            x["SlurmNodeName"]: x
+            for x in json.loads(timed("nodes", "nodes", NAME, "--json").stdout)["ClusterNodeSummaries"]
+        }
         missing = [x for x in on3 if x not in n]
         if missing:  # every node is listed all along (lost, then pending, then running)
             seen.append(f"{time.monotonic() - t0:.1f}s: {missing} not listed: {phases(lab)}")
         return all(x in n and n[x]["Host"] in ("h1", "h2") and n[x]["SlurmState"] == "idle" for x in on3)
 
     wait_for("the nodes of host 3 idle on hosts 1 and 2", back, 60, 0.2)
-    took = time.monotonic() - t0
-    assert not seen, seen
-    lab.notes["kill_to_idle_s"] = took
-    print(f"\ndocker kill of host 3 -> its nodes {', '.join(on3)} idle on hosts 1 and 2: {took:.1f} s")
-    r = hp("exec", NAME, "--", "srun", "-N6", "hostname", check=True)
+    idle = time.monotonic() - t0
+    r = hp("exec", NAME, "--", "srun", "-N6", "hostname", timeout=60, check=True)
+    srun = time.monotonic() - t0
     assert len(set(r.stdout.split())) == 6
-    assert took < 30  # the stated bound is LOST_AFTER_S + ~2 s (docs/multihost.md); slack for a busy CI
+    # host 3 is still down (the host watcher has marked it lost by now)
+    assert "h3" in json.loads(timed("describe", "describe", NAME, "--json").stdout)["UnreachableHosts"]
+    timed("exec", "exec", NAME, "--", "hostname")
+    lab.notes["kill_to_idle_s"] = idle
+    slowest = {k: max(v) for k, v in took.items()}
+    print(
+        f"\ndocker kill of host 3 -> as the user sees it: hp nodes (x{len(took['nodes'])}) at most "
+        f"{slowest['nodes']:.2f} s, hp describe {slowest['describe']:.2f} s, hp exec {slowest['exec']:.2f} s "
+        f"(bound {USER_BOUND_S:g} s; with every host up: "
+        + ", ".join(f"{k} {v:.2f} s" for k, v in floor.items())
+        + f"); {', '.join(on3)} idle on hosts 1 and 2 in hp nodes at {idle:.1f} s; "
+        f"srun -N6 done at {srun:.1f} s (bound {SRUN_BOUND_S:g} s)"
+    )
+    assert not seen, seen
+    assert named[0], "the first hp nodes after the kill names host h3 as unreachable"
+    # no command waits more than HP_HOST_PING_TIMEOUT on the dead host: on a machine
+    # busy enough (this one is shared) that the command alone takes longer than
+    # USER_BOUND_S - that, the bound is its floor measured above plus that timeout
+    over = {k: v for k, v in slowest.items() if v >= max(USER_BOUND_S, floor[k] + PING_TIMEOUT_S)}
+    assert not over, (over, floor, took)
+    assert srun < SRUN_BOUND_S
 
 
 def test_host_3_back_has_its_stale_copies_removed_and_no_node_doubled(lab: Lab) -> None:

@@ -11,6 +11,8 @@ network (its swarm address).
 
     hs = Harness(prefix="mh2-").start(3)   # [Host(name, url, ip), ...]
     hs.kill("mh2-host3"); hs.restart("mh2-host3"); hs.stop_all()
+    hs.start(1, first=4, fuse=False)       # a host whose engine cannot hand nodes /dev/fuse
+    hs.recreate(4)                         # the same host, given the device
 
 Names: every container, volume, network and image it makes starts with `prefix`
 (HP_DIND_PREFIX, default "hpdind-"), and carries the label io.hp.dind-harness.
@@ -211,18 +213,29 @@ class Harness:
         tc.start()
         return Host(name, self.url(name), self.host_ip(i))
 
-    def start(self, n: int, first: int = 1) -> list[Host]:
-        """Start hosts first..first+n-1 in parallel; Unsupported when this engine cannot."""
+    def start(self, n: int, first: int = 1, fuse: bool = True) -> list[Host]:
+        """Start hosts first..first+n-1 in parallel; Unsupported when this engine cannot.
+        `fuse` False: without /dev/fuse (a host whose engine cannot hand it to nodes)."""
         if why := self.unsupported():
             raise Unsupported(why)
         self.build_image()
         self.ensure_network()
         try:
             with ThreadPoolExecutor(max_workers=n) as ex:
-                return list(ex.map(self._start_one, range(first, first + n)))
+                return list(ex.map(lambda i: self._start_one(i, fuse), range(first, first + n)))
         except TimeoutError as e:
             self.stop_all()
             raise Unsupported(f"a Docker-in-Docker host did not start: {e}") from None
+
+    def recreate(self, i: int, fuse: bool = True) -> Host:
+        """Host i made again (same name, address and socket; a fresh engine), e.g. given
+        /dev/fuse this time."""
+        self._hosts.pop(self.host_name(i), None)
+        try:
+            self.docker.api.remove_container(self.host_name(i), force=True, v=True)
+        except NotFound:
+            pass
+        return self._start_one(i, fuse)
 
     def kill(self, name: str) -> None:
         """`docker kill` of the host: its dockerd and every container in it die at once."""

@@ -20,8 +20,15 @@ from orchestrator.cluster.launcher import Launcher
 from orchestrator.cluster.query import nodes
 from orchestrator.docker import multihost as mh
 from orchestrator.docker.multihost import HostUnavailable, MultiHostProvider
-from orchestrator.docker.views import ContainerSpec, Event
-from orchestrator.errors import BadInput, EngineUnavailable, InsufficientCapacity, ObjectMissing, OperationFailed
+from orchestrator.docker.views import ContainerSpec, Event, ExecResult
+from orchestrator.errors import (
+    BadInput,
+    EngineError,
+    EngineUnavailable,
+    InsufficientCapacity,
+    ObjectMissing,
+    OperationFailed,
+)
 from orchestrator.health.logic import implicated, interleave_hosts, ring_pairs
 from orchestrator.hosts import watch as hostwatch
 from orchestrator.hosts.watch import HostWatch
@@ -270,7 +277,7 @@ def test_an_encrypted_network_that_carries_nothing_fails_the_create(tmp_path):
         e.run_handler = lambda spec: (
             __import__("orchestrator.docker.views", fromlist=["ExecResult"]).ExecResult(1, "100% packet loss")
             if spec.command and spec.command[0] == "ping"
-            else __import__("fakes").ExecResult(0, __import__("fakes").probe_output())
+            else ExecResult(0, __import__("fakes").probe_output())
         )
     spec_ = validate(spec_doc("lab"), w.env.catalogue)
     with pytest.raises(OperationFailed, match="carries no traffic from h2, h3 to h1"):
@@ -659,3 +666,161 @@ def test_the_reconciler_does_not_launch_a_lost_node_recorded_replacing_during_it
     rec.step({n.name: n for n in w.slurm.nodes()})
     assert not [n for n, h in where(w).items() if n in on3], where(w)  # none launched elsewhere
     assert {w.env.store.latest_phases("lab")[n][0] for n in on3} == {"Replacing"}  # left to the watcher
+
+
+# -- a host that does not answer costs a command at most HP_HOST_PING_TIMEOUT ------------------
+@pytest.fixture
+def silent_engine(tmp_path):
+    """A real DockerEngine on a unix socket that accepts connections and never answers
+    (a frozen engine; the kernel queues the connection), and how many it accepted."""
+    import socket
+
+    from orchestrator.docker.engine import DockerEngine
+
+    path = tmp_path / "silent.sock"
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(path))
+    s.listen(64)
+    yield DockerEngine(f"unix://{path}", name="silent", answer_timeout=0.5)  # as registry.engine_for makes them
+    s.close()
+
+
+def test_a_host_that_accepts_and_never_answers_costs_one_ping_timeout(silent_engine, monkeypatch):
+    import time
+
+    monkeypatch.setattr(mh, "PING_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(mh, "RETRY_S", 30.0)
+    a = FakeProvider(name="a")
+    a.images["img:1"] = "sha256:one"
+    a.create_container(spec("y"))
+    p = MultiHostProvider({"a": a, "b": silent_engine}, FakeProvider())
+    t0 = time.monotonic()
+    assert [c.name for c in p.containers()] == ["y"]  # docker-py alone would wait 60 s on b
+    p.networks()
+    p.volumes()
+    with pytest.raises(HostUnavailable, match="host b does not answer: .*server API version"):
+        p.engine("b") and p._call("b", lambda e: e.containers())
+    took = time.monotonic() - t0
+    assert took < 1.5, took  # one ping of b, at the first call; none after
+    assert list(p.unreachable()) == ["b"]
+
+
+def test_a_host_the_watcher_recorded_lost_is_not_even_pinged(tmp_path, monkeypatch):
+    from orchestrator.hosts import registry
+    from orchestrator.state.store import Store
+
+    store = Store(tmp_path / "home")
+    store.add_host("h1", "unix:///nowhere/1.sock", {})
+    store.add_host("h2", "unix:///nowhere/2.sock", {})
+    registry.record_lost(store, "h2", "connection refused", since=100.0, now=1000.0)
+    rows = store.hosts()
+    assert registry.lost_hosts(rows, now=1005.0) == {"h2": "connection refused (lost since 1970-01-01T00:01:40.000Z)"}
+    assert registry.lost_hosts(rows, now=1000.0 + registry.LOST_TRUST_S) == {}  # a stale record: pinged again
+    registry.record_lost(store, "nohost", "x")  # a host removed meanwhile: nothing to record
+    a, b = FakeProvider(name="a"), FakeProvider(name="b")
+    calls = []
+    b.ping = lambda timeout=None: calls.append("ping")  # type: ignore[method-assign]
+    p = MultiHostProvider({"h1": a, "h2": b}, FakeProvider(), lost={"h2": "connection refused"})
+    p.containers()
+    assert calls == [] and p.unreachable() == {"h2": "connection refused"}
+    assert p.check() == {} and calls == ["ping"]  # the watcher's own check pings every host
+
+
+def test_the_watcher_records_a_lost_host_while_it_is_lost(tmp_path, monkeypatch):
+    from orchestrator.hosts import registry
+
+    w = multi_world(tmp_path)
+    for h in w.hosts:
+        w.env.store.add_host(h, f"unix:///{h}.sock", {})
+    make(w)
+    lose(w, "h3", monkeypatch)
+    hw = run_watch(w)
+    rows = w.env.store.hosts()
+    assert set(registry.lost_hosts(rows)) == {"h3"}
+    w.hosts["h3"].up = True
+    hw.poll()
+    assert registry.lost_hosts(w.env.store.hosts()) == {}
+    assert all(r.opt(registry.LOST_KEY) is None for r in w.env.store.hosts())
+
+
+def test_hp_nodes_and_describe_name_the_unreachable_host(tmp_path, monkeypatch):
+    from orchestrator.cluster.exec import exec_target
+    from orchestrator.cluster.query import describe
+
+    w = multi_world(tmp_path)
+    make(w)
+    on3 = sorted(n for n, h in where(w).items() if h == "h3")
+    w.hosts["h3"].up = False
+    w.env.provider.check()
+    doc = nodes(w.env, "lab")
+    assert set(doc["UnreachableHosts"]) == {"h3"}
+    assert set(describe(w.env, "lab")["UnreachableHosts"]) == {"h3"}
+    with pytest.raises(OperationFailed, match=f"node {on3[0]} of cluster 'lab' is on host h3, which is unreachable"):
+        exec_target(w.env, "lab", on3[0])
+
+
+# -- a host that cannot run the nodes ------------------------------------------------------------
+NO_FUSE = 'start hp-probe: error gathering device information while adding custom device "/dev/fuse": no such file'
+
+
+def no_fuse(spec):
+    if spec.labels.get("io.hp.role") == "probe":
+        raise EngineError(NO_FUSE, 500)
+    return ExecResult(0, "")
+
+
+def test_the_probe_names_each_need_and_its_fix():
+    from orchestrator.hosts import probe
+
+    e = FakeProvider()
+    e.images["base:1"] = "sha256:b"
+    e.run_handler = no_fuse
+    (p,) = probe.problems(e, "base:1", None)
+    assert "cannot hand containers /dev/fuse" in p and "modprobe fuse" in p and "--device /dev/fuse" in p
+    s = e.runs[-1]
+    assert s.devices == ["/dev/fuse:/dev/fuse:rwm"] and s.cap_add == ["SYS_ADMIN"] and s.network == "host"
+    for code, out, want in (
+        (0, "ok", None),
+        (3, "/dev/fuse is not a character device in the container", "modprobe fuse"),
+        (4, "mount: permission denied", "cannot mount there (mount: permission denied)"),
+        (5, "no TCP connection to the swarm manager 10.0.0.1:2377", "open TCP 2377 and 7946"),
+        (9, "odd", "the probe container exited 9: odd"),
+    ):
+        e.run_handler = lambda spec, code=code, out=out: ExecResult(code, out)
+        got = probe.problems(e, "base:1", "10.0.0.1")
+        assert (got == []) if want is None else (want in got[0]), (code, got)
+    assert e.runs[-1].environment == {"HP_MANAGER": "10.0.0.1", "HP_PORTS": "2377 7946"}
+    e.run_handler = lambda spec: (_ for _ in ()).throw(EngineError("boom"))
+    assert probe.problems(e, "base:1", None) == ["a probe container does not run there (boom)"]
+
+
+def test_hosts_add_refuses_a_host_without_dev_fuse_with_nothing_recorded(fleet):
+    from orchestrator.hosts import registry
+
+    store, engines = fleet
+    registry.add(store, "h1", "unix:///h/1")
+    engines["unix:///h/2"].run_handler = no_fuse
+    with pytest.raises(BadInput, match="host h2 cannot run hp's nodes: its engine cannot hand containers /dev/fuse"):
+        registry.add(store, "h2", "unix:///h/2")
+    assert [r.name for r in store.hosts()] == ["h1"] and "2" not in SwarmEngine.swarm["nodes"]
+    assert engines["unix:///h/2"].images["debian:trixie-slim"]  # the probe's image, streamed to it
+    probe_run = engines["unix:///h/2"].runs[-1]
+    assert probe_run.environment["HP_MANAGER"] == "10.0.0.1"  # h1's swarm address: its ports are probed
+    engines["unix:///h/2"].run_handler = lambda spec: ExecResult(0, "ok")
+    registry.add(store, "h2", "unix:///h/2")  # given the device: accepted
+    assert [r.name for r in store.hosts()] == ["h1", "h2"]
+
+
+def test_create_refuses_a_host_that_lost_dev_fuse_before_anything_is_streamed(tmp_path):
+    w = multi_world(tmp_path)
+    w.hosts["h2"].run_handler = no_fuse
+    before = {h: dict(e.images) for h, e in w.hosts.items()}
+    with pytest.raises(
+        BadInput, match="host h2 cannot run hp's nodes now: its engine cannot hand containers /dev/fuse"
+    ):
+        make(w)
+    assert w.env.store.cluster("lab") is None  # no state written
+    for h, e in w.hosts.items():
+        assert not [c for c in e.containers_.values() if c.spec.labels.get("io.hp.cluster") == "lab"]
+        assert set(e.images) - set(before[h]) <= {"debian:trixie-slim"}, h  # at most the probe's base image
+    assert w.env.provider.networks("lab") == [] and w.env.provider.volumes("lab") == []
