@@ -25,3 +25,45 @@ def test_python_venv_on_login_and_compute_nodes(hp, tmp_path):
     compute = hp("exec", name, "--", "srun", "-N1", "-p", "cpu", "bash", "-c", USABLE, check=True).stdout
     assert "venv /tmp/hp-venv" in compute and "pip " in compute and "git version" in compute
     assert "host cpu-1" in compute, compute
+
+
+def test_mounted_folder_is_shared_by_host_login_and_compute_nodes(hp, tmp_path):
+    name = hp.name("mnt")
+    shared = tmp_path / "checkout"
+    shared.mkdir()
+    shared.chmod(0o777)  # the job runs as hpuser (uid 1000)
+    (shared / "from-host.txt").write_text("host was here\n")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    spec = write_spec(tmp_path / "s.json", small_spec(name, [("cpu", "cpu.nano", 1)]))
+    hp(
+        "create", "-f", str(spec), "--no-accounting", "--mount", str(shared), "--mount", f"{ro}:/data", check=True
+    )  # fmt: skip
+    assert hp("exec", name, "--", "cat", f"{shared}/from-host.txt", check=True).stdout == "host was here\n"
+    job = f'echo "written by $(hostname)" > {shared}/from-job.txt'
+    hp("exec", name, "--", "srun", "-N1", "-p", "cpu", "bash", "-c", job, check=True)
+    assert (shared / "from-job.txt").read_text() == "written by cpu-1\n"
+    # Target other than the Source's path; the controller does not get the mounts
+    assert hp("exec", name, "--", "srun", "-N1", "-p", "cpu", "ls", "-d", "/data", check=True).stdout == "/data\n"
+    assert hp("exec", name, "--node", "controller-1", "--", "test", "-e", str(shared)).returncode == 1
+
+
+def test_bad_mounts_and_packages_create_nothing(hp, tmp_path):
+    name = hp.name("bad")
+    doc = small_spec(
+        name,
+        Mounts=[{"Source": "rel"}, {"Source": str(tmp_path / "missing")}, {"Source": str(tmp_path), "Target": "/etc"}],
+        NodePackages=["jq; touch /tmp/pwned", "$(id)"],
+    )
+    r = hp("create", "-f", str(write_spec(tmp_path / "s.json", doc)), "--mount", f"{tmp_path}:/proc/x")
+    assert r.returncode == 2, r.stderr
+    for want in (
+        "Mounts[0].Source: 'rel' must be an absolute path",
+        f"Mounts[1].Source: '{tmp_path / 'missing'}' does not exist",
+        "Mounts[2].Target: '/etc' is inside /etc",
+        "Mounts[3].Target: '/proc/x' is inside /proc",
+        "NodePackages[0]: 'jq; touch /tmp/pwned' is not a Debian package name",
+        "NodePackages[1]: '$(id)' is not a Debian package name",
+    ):
+        assert want in r.stderr, r.stderr
+    assert hp.json("list")["ClusterSummaries"] == []

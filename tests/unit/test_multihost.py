@@ -659,3 +659,23 @@ def test_the_reconciler_does_not_launch_a_lost_node_recorded_replacing_during_it
     rec.step({n.name: n for n in w.slurm.nodes()})
     assert not [n for n, h in where(w).items() if n in on3], where(w)  # none launched elsewhere
     assert {w.env.store.latest_phases("lab")[n][0] for n in on3} == {"Replacing"}  # left to the watcher
+
+
+def test_mounts_are_refused_with_hosts_and_bound_on_one_engine(tmp_path):
+    src = tmp_path / "checkout"
+    src.mkdir()
+    doc = spec_doc("lab", Mounts=[{"Source": str(src)}, {"Source": str(src), "Target": "/data", "ReadOnly": True}])
+    w = multi_world(tmp_path / "multi")
+    with pytest.raises(BadInput, match="Mounts: a host folder is on this machine only"):
+        create(w.env, validate(doc, w.env.catalogue), CreateOptions(timeout=5))
+    assert w.env.store.cluster("lab") is None and not w.provider.containers()
+    one = world(tmp_path / "one")
+    create(one.env, validate(doc, one.env.catalogue), CreateOptions(timeout=5, register_timeout=2))
+    binds = [f"{src}:{src}:rw", f"{src}:/data:ro"]
+
+    def node(n):
+        return one.provider._get(f"hp-lab-{n}").spec
+
+    assert node("login-1").binds == binds and node("cpu-1").binds == binds
+    assert node("controller-1").binds == []
+    assert node("login-1").environment["HP_ROLE"] == "login"
