@@ -54,7 +54,8 @@ def classify(e: EngineError, what: str) -> LaunchError:
 class Launcher:
     def __init__(self, cluster: Cluster, images: dict[str, str]):
         self.c = cluster
-        self.images = images
+        # hp's images; with NodePackages, login and compute nodes run the derived ones
+        self.images = cluster.env.images.with_packages(images, cluster.spec.packages)
         self._gpu_cids: set[str] = set()  # created GPU nodes: started only once gres.conf is in force
 
     @property

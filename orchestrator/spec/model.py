@@ -126,7 +126,7 @@ class ClusterSpec(_Model):
     @property
     def packages(self) -> tuple[str, ...]:
         """NodePackages, sorted and once each: what the derived node image is keyed by."""
-        return tuple(sorted(set(self.NodePackages or ())))
+        return userwork.package_key(self.NodePackages)
 
     @property
     def accounting(self) -> bool:

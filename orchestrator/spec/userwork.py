@@ -10,6 +10,8 @@ import posixpath
 import re
 from typing import Any
 
+from ..errors import BadInput
+
 # Where a mount would hide or replace what the node runs on: the system, Slurm's state,
 # spool and sockets, and hp's /home (the cluster's shared volume; a folder inside it may
 # be mounted: a CI checkout under /home/runner is).
@@ -118,6 +120,24 @@ def package_problems(raw: dict[str, Any]) -> list[str]:
                 "(lower case letters, digits, '+', '-', '.'; at least 2 characters, starting with a letter or digit)"
             )
     return problems
+
+
+def package_key(packages: list[str] | None) -> tuple[str, ...]:
+    """NodePackages as the derived image is keyed by: sorted, each once."""
+    return tuple(sorted(set(packages or ())))
+
+
+def packages_of(raw: object) -> tuple[str, ...]:
+    """A spec document's NodePackages, checked (BadInput naming every problem), for what
+    needs only them (`hp images key|build|save -f SPEC`)."""
+    pkgs = raw.get("NodePackages") if isinstance(raw, dict) else None
+    if pkgs is None:
+        return ()
+    if not isinstance(pkgs, list) or not all(isinstance(p, str) for p in pkgs):
+        raise BadInput("NodePackages: must be a list of Debian package names (strings)", "invalid cluster spec")
+    if problems := package_problems(raw):  # type: ignore[arg-type]
+        raise BadInput(problems, "invalid cluster spec")
+    return package_key(pkgs)
 
 
 def mount_arg(arg: str) -> dict[str, Any]:

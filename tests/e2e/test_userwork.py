@@ -67,3 +67,36 @@ def test_bad_mounts_and_packages_create_nothing(hp, tmp_path):
     ):
         assert want in r.stderr, r.stderr
     assert hp.json("list")["ClusterSummaries"] == []
+
+
+def test_node_packages_are_built_once_and_reused(hp, tmp_path):
+    # jq is not in hp's images; the derived image is keyed by hp's image and the list
+    names = [hp.name("pkg"), hp.name("pkg")]
+    specs = [
+        write_spec(tmp_path / f"{n}.json", small_spec(n, [("cpu", "cpu.nano", 1)], NodePackages=["jq"])) for n in names
+    ]
+    first = hp("create", "-f", str(specs[0]), "--no-accounting", check=True)
+    assert "hp-worker-pkgs:" in first.stderr + first.stdout
+    again = hp("create", "-f", str(specs[1]), "--no-accounting", check=True)
+    out = again.stderr + again.stdout
+    assert "building hp-" not in out and "hp-worker-pkgs:" in out and "up to date" in out, out
+    for n in names:
+        assert hp("exec", n, "--", "jq", "-n", "1+1", check=True).stdout == "2\n"
+        assert hp("exec", n, "--", "srun", "-N1", "-p", "cpu", "jq", "-n", "2+2", check=True).stdout == "4\n"
+    # the controller runs hp's own image
+    assert hp("exec", names[0], "--node", "controller-1", "--", "sh", "-c", "command -v jq").returncode != 0
+    # the cache key follows the list
+    key = hp("images", "key", "-f", str(specs[0]), check=True).stdout.strip()
+    assert key != hp("images", "key", check=True).stdout.strip()
+
+
+def test_a_package_apt_does_not_know_fails_with_apts_words(hp, tmp_path):
+    name = hp.name("nopkg")
+    spec = write_spec(tmp_path / "s.json", small_spec(name, [("cpu", "cpu.nano", 1)], NodePackages=["hp-no-such-pkg"]))
+    r = hp("create", "-f", str(spec), "--no-accounting")
+    assert r.returncode == 1, r.stderr
+    assert "Unable to locate package hp-no-such-pkg" in r.stderr, r.stderr
+    assert hp.json("list")["ClusterSummaries"] == []
+    from orchestrator.docker.engine import DockerEngine
+
+    assert DockerEngine().containers(name) == []

@@ -2,7 +2,7 @@
 
 import pytest
 
-from orchestrator.errors import BadInput
+from orchestrator.errors import BadInput, OperationFailed
 from orchestrator.spec.catalogue import load_catalogue
 from orchestrator.spec.model import DEFAULT_SPEC, validate, with_overrides
 from orchestrator.spec.userwork import mount_arg
@@ -103,3 +103,56 @@ def test_mount_arg_and_overrides(tmp_path):
         "Mounts[0].Source: 'rel' must be an absolute path",
         "Mounts[1].Target: '/etc' is inside /etc, which the node's system or Slurm uses",
     ]
+
+
+# -- NodePackages: derived images, on fakes ----------------------------------------------
+def test_node_packages_build_derived_login_and_compute_images_once(tmp_path):
+    from fakes import spec_doc, world
+
+    from orchestrator.ci.images_io import images_key, save_images
+    from orchestrator.cluster.create import CreateOptions, create
+
+    w = world(tmp_path)
+    builds = []
+    real = w.provider.build_image
+
+    def counting(context, tag, target, buildargs, log):
+        builds.append((tag, buildargs, (context / "packages.txt").read_text()))
+        real(context, tag, target, buildargs, log)
+
+    w.provider.build_image = counting
+    opts = CreateOptions(timeout=5, register_timeout=2)
+    doc = spec_doc("lab", NodePackages=["jq", "bc", "jq"])
+    create(w.env, validate(doc, w.env.catalogue), opts)
+    refs = w.env.images.refs()
+    assert sorted(t.split(":")[0] for t, _, _ in builds) == ["hp-login-pkgs", "hp-worker-pkgs"]
+    assert {a["PARENT"] for _, a, _ in builds} == {refs["login"], refs["worker"]}
+    assert {p for _, _, p in builds} == {"bc\njq\n"}  # one a line: read by xargs, never by a shell
+    spec_of = {n: w.provider._get(f"hp-lab-{n}").spec.image for n in ("controller-1", "login-1", "cpu-1")}
+    assert spec_of["controller-1"] == refs["controller"]
+    assert spec_of["login-1"].startswith("hp-login-pkgs:") and spec_of["cpu-1"].startswith("hp-worker-pkgs:")
+    # a second cluster with the same list (in another order) builds nothing and runs the same images
+    create(w.env, validate({**spec_doc("lab2"), "NodePackages": ["bc", "jq"]}, w.env.catalogue), opts)
+    assert len(builds) == 2
+    assert w.provider._get("hp-lab2-cpu-1").spec.image == spec_of["cpu-1"]
+    # another list: other images; no list: hp's own
+    create(w.env, validate(spec_doc("lab3"), w.env.catalogue), opts)
+    assert len(builds) == 2 and w.provider._get("hp-lab3-cpu-1").spec.image == refs["worker"]
+    # the cache key and the saved images follow the list
+    assert images_key(w.env) != images_key(w.env, ("bc", "jq")) != images_key(w.env, ("bc",))
+    doc = save_images(w.env, tmp_path / "saved", packages=("bc", "jq"))
+    names = {i["Name"]: i["Ref"] for i in doc["Images"]}
+    assert names["login-pkgs"] == spec_of["login-1"] and names["worker-pkgs"] == spec_of["cpu-1"]
+    with pytest.raises(OperationFailed, match="NodePackages.*not built"):
+        save_images(w.env, tmp_path / "saved2", packages=("zsh",))
+
+
+def test_packages_of_a_spec_document():
+    from orchestrator.spec.userwork import packages_of
+
+    assert packages_of({"NodePackages": ["jq", "bc", "jq"]}) == ("bc", "jq")
+    assert packages_of({}) == () and packages_of([]) == ()
+    with pytest.raises(BadInput, match="must be a list"):
+        packages_of({"NodePackages": "jq"})
+    with pytest.raises(BadInput, match="is not a Debian package name"):
+        packages_of({"NodePackages": ["jq;id"]})
