@@ -5,7 +5,16 @@ login node."""
 
 from __future__ import annotations
 
+import hashlib
+import shutil
+from pathlib import Path
+
+from orchestrator.docker.engine import DockerEngine
+from orchestrator.docker.images import Images
 from tests.conftest import small_spec, write_spec
+
+CLIENTS_IMAGE = Path(__file__).resolve().parent.parent / "fixtures" / "clients-image"
+HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 
 # what a job script expects on a node: a venv with pip, and the small tools
 USABLE = (
@@ -97,6 +106,86 @@ def test_a_package_apt_does_not_know_fails_with_apts_words(hp, tmp_path):
     assert r.returncode == 1, r.stderr
     assert "Unable to locate package hp-no-such-pkg" in r.stderr, r.stderr
     assert hp.json("list")["ClusterSummaries"] == []
-    from orchestrator.docker.engine import DockerEngine
-
     assert DockerEngine().containers(name) == []
+
+
+def clients_image(tmp_path: Path) -> str:
+    """A user's image FROM hp's worker image with submitit and dask-jobqueue from PyPI
+    (tests/fixtures/clients-image), tagged by hp's image and the Dockerfile: built once."""
+    p = DockerEngine()
+    worker = Images(p).refs()["worker"]
+    recipe = (CLIENTS_IMAGE / "Dockerfile").read_bytes()
+    tag = "hp-test-clients:" + hashlib.sha256(worker.encode() + b"\0" + recipe).hexdigest()[:12]
+    if p.image_id(tag) is None:
+        ctx = tmp_path / "clients-image"
+        shutil.copytree(CLIENTS_IMAGE, ctx)
+        shutil.copy(HOST_CA, ctx / "host-ca.crt")  # PyPI over HTTPS from inside the build
+        p.build_image(ctx, tag, None, {"PARENT": worker}, lambda line: None)
+    return tag
+
+
+SUBMITIT = r"""
+import socket, submitit
+
+def square(x):
+    return x * x
+
+def where():
+    env = submitit.JobEnvironment()
+    return env.global_rank, socket.gethostname()
+
+def boom():
+    raise ValueError("boom from the job")
+
+ex = submitit.AutoExecutor(folder="submitit/%j")
+assert ex.cluster == "slurm", ex.cluster
+ex.update_parameters(slurm_partition="cpu", timeout_min=5, nodes=1, tasks_per_node=1, cpus_per_task=1, slurm_mem="100M")
+jobs = ex.map_array(square, [1, 2, 3, 4])
+print("array", [j.result() for j in jobs], len({j.job_id.split("_")[0] for j in jobs}))
+ex.update_parameters(nodes=2)
+print("two-node", sorted(ex.submit(where).results()))
+ex.update_parameters(nodes=1)
+try:
+    ex.submit(boom).result()
+    print("no exception")
+except Exception as e:
+    print("raised", type(e).__name__, "ValueError: boom from the job" in str(e))
+"""
+
+DASK = r"""
+import socket
+from dask.distributed import Client
+from dask_jobqueue import SLURMCluster
+
+cluster = SLURMCluster(queue="cpu", cores=1, processes=1, memory="300MB", walltime="00:10:00", log_directory="dask-logs")
+cluster.scale(jobs=3)
+client = Client(cluster)
+client.wait_for_workers(3, timeout=240)
+workers = sorted(client.scheduler_info()["workers"])
+hosts = client.run(socket.gethostname)
+parts = [client.submit(lambda i: (i * i, socket.gethostname()), i, workers=[w], pure=False) for i, w in enumerate(workers)]
+total = client.submit(lambda xs: sum(x for x, _ in xs), parts).result()
+print("workers", len(workers), "hosts", sorted(set(hosts.values())), "ran on", len({h for _, h in client.gather(parts)}))
+print("total", total)
+client.close()
+cluster.close()
+"""
+
+
+def test_submitit_and_dask_jobqueue_run_from_the_login_node(hp, tmp_path):
+    image = clients_image(tmp_path)
+    name = hp.name("cli")
+    doc = small_spec(name, [("cpu", "cpu.medium", 2)], itype="cpu.medium")
+    for g in doc["InstanceGroups"][1:]:  # login and compute run the user's image; the controller hp's
+        g["Image"] = image
+    hp("create", "-f", str(write_spec(tmp_path / "s.json", doc)), check=True)  # submitit polls sacct
+    r = hp("exec", name, "--", "python3", "-c", SUBMITIT, timeout=400, check=True)
+    lines = r.stdout.splitlines()
+    assert "array [1, 4, 9, 16] 1" in lines, r.stdout  # one array job of 4 tasks
+    assert "two-node [(0, 'cpu-1'), (1, 'cpu-2')]" in lines or "two-node [(0, 'cpu-2'), (1, 'cpu-1')]" in lines, (
+        r.stdout
+    )
+    assert "raised FailedJobError True" in lines, r.stdout
+    r = hp("exec", name, "--", "python3", "-c", DASK, timeout=400, check=True)
+    assert "workers 3 hosts ['cpu-1', 'cpu-2'] ran on 2" in r.stdout, r.stdout + r.stderr
+    assert "total 5" in r.stdout, r.stdout  # 0 + 1 + 4, one part on each worker
