@@ -26,7 +26,8 @@ USABLE = (
 
 def test_python_venv_on_login_and_compute_nodes(hp, tmp_path):
     name = hp.name("py")
-    spec = write_spec(tmp_path / "s.json", small_spec(name, [("cpu", "cpu.nano", 1)]))
+    # the default cluster's type: ensurepip's install into the venv takes ~60 s of a cpu.nano's 0.05 cores
+    spec = write_spec(tmp_path / "s.json", small_spec(name, [("cpu", "cpu.small", 1)], itype="cpu.small"))
     hp("create", "-f", str(spec), "--no-accounting", check=True)
     login = hp("exec", name, "--", "bash", "-c", USABLE, check=True).stdout
     assert "venv /tmp/hp-venv" in login and "pip " in login and "git version" in login and "curl " in login
