@@ -679,3 +679,12 @@ def test_mounts_are_refused_with_hosts_and_bound_on_one_engine(tmp_path):
     assert node("login-1").binds == binds and node("cpu-1").binds == binds
     assert node("controller-1").binds == []
     assert node("login-1").environment["HP_ROLE"] == "login"
+
+
+def test_node_packages_with_hosts_derive_the_home_mounting_image_and_send_it_to_every_host(tmp_path):
+    w = multi_world(tmp_path)
+    make(w, NodePackages=["jq"])
+    worker, login = w.node("lab", "cpu-1").spec, w.node("lab", "login-1").spec
+    assert worker.image.startswith("hp-node-mh-pkgs:") and login.image == worker.image
+    assert w.node("lab", "controller-1").spec.image == w.env.images.refs()["controller"]
+    assert all(e.images.get(worker.image) for e in w.hosts.values())
