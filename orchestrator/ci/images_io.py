@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..cluster.context import Env
-from ..docker.images import ALL_IMAGES, CHECK_IMAGES, LOCAL_BASE, NODE_IMAGES, PULL_BASE, context_hash
+from ..docker.images import ALL_IMAGES, CHECK_IMAGES, LOCAL_BASE, NODE_IMAGES, PULL_BASE, context_hash, packages_hash
 from ..errors import BadInput, EngineError, OperationFailed
 
 MANIFEST = "manifest.json"
@@ -19,19 +19,23 @@ Log = Callable[[str], None]
 
 
 # -- images as files ---------------------------------------------------------------------
-def images_key(env: Env) -> str:
-    """Hash of every image's inputs (build contexts, targets, base recipe), computable
-    on a fresh runner before any image exists: the actions/cache key. (The image tags
-    themselves also hash the base image's id, which only exists once it is made.)"""
+def images_key(env: Env, packages: tuple[str, ...] = ()) -> str:
+    """Hash of every image's inputs (build contexts, targets, base recipe; a spec's
+    NodePackages), computable on a fresh runner before any image exists: the
+    actions/cache key. (The image tags themselves also hash the base image's id, which
+    only exists once it is made.)"""
     h = hashlib.sha256(f"hp-images/{MANIFEST_FORMAT}\0{PULL_BASE}\0{LOCAL_BASE}\0".encode())
     for d in ALL_IMAGES:
         h.update(f"{d.name}\0{d.target or ''}\0".encode())
         h.update(context_hash(env.images.root / d.context).encode())
+    if packages:  # without: the key hp had before NodePackages existed
+        h.update(f"NodePackages\0{packages_hash(packages)}\0".encode())
     return h.hexdigest()[:24]
 
 
-def _present_refs(env: Env) -> list[tuple[str, str]]:
-    """(logical name, reference) of what save stores: base, node images, check images if built."""
+def _present_refs(env: Env, packages: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+    """(logical name, reference) of what save stores: base, node images (with NodePackages,
+    the derived login and compute images too), check images if built."""
     base_ref, base_id = env.images.base(make=False)
     out = [("base", base_ref)]
     for d in NODE_IMAGES:
@@ -39,6 +43,12 @@ def _present_refs(env: Env) -> list[tuple[str, str]]:
         if not env.images.exists(ref):
             raise OperationFailed(f"image {ref} is not built: run 'hp images build' first")
         out.append((d.name, ref))
+    base_refs = dict(out)
+    for name, ref in env.images.with_packages(base_refs, packages).items():
+        if ref != base_refs[name]:
+            if not env.images.exists(ref):
+                raise OperationFailed(f"image {ref} (NodePackages) is not built: run 'hp images build -f SPEC' first")
+            out.append((f"{name}-pkgs", ref))
     for d in CHECK_IMAGES:
         ref = env.images.tag(d, base_id)
         if env.images.exists(ref):
@@ -46,12 +56,12 @@ def _present_refs(env: Env) -> list[tuple[str, str]]:
     return out
 
 
-def save_images(env: Env, directory: Path, log: Log = lambda s: None) -> dict[str, Any]:
+def save_images(env: Env, directory: Path, log: Log = lambda s: None, packages: tuple[str, ...] = ()) -> dict[str, Any]:
     """Write the images into one tar (layers shared by the images stored once) and a
     manifest with each image's id and the tar's sha256, under `directory`."""
     env.provider.ping()
-    refs = _present_refs(env)
-    key = images_key(env)
+    refs = _present_refs(env, packages)
+    key = images_key(env, packages)
     directory.mkdir(parents=True, exist_ok=True)
     fname = f"hp-images-{key}.tar"
     tmp = directory / (fname + ".part")
@@ -115,7 +125,9 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def load_images(env: Env, directory: Path, log: Log = lambda s: None, force: bool = False) -> dict[str, Any]:
+def load_images(
+    env: Env, directory: Path, log: Log = lambda s: None, force: bool = False, packages: tuple[str, ...] = ()
+) -> dict[str, Any]:
     """Verify the saved tar against its manifest, then load it into the engine (unless every
     image is already there, or `force`) and check every image has the id it was saved with."""
     doc = read_manifest(directory)
@@ -140,7 +152,7 @@ def load_images(env: Env, directory: Path, log: Log = lambda s: None, force: boo
     wrong = [i["Ref"] for i in doc["Images"] if env.provider.image_id(i["Ref"]) != i["Id"]]
     if wrong:
         raise OperationFailed(f"after loading {path}, these images are missing or differ: {', '.join(wrong)}")
-    key = images_key(env)
+    key = images_key(env, packages)
     if doc["Key"] != key:
         log(
             f"note: these images were saved for inputs {doc['Key']}, the inputs now hash to {key}: "

@@ -36,6 +36,12 @@ def create(
         None, "--accounting/--no-accounting", help="Slurm accounting: slurmdbd and MariaDB (overrides Accounting)."
     ),
     rest: Optional[bool] = typer.Option(None, "--rest/--no-rest", help="slurmrestd with JWT (overrides Rest)."),
+    mount: list[str] = typer.Option(
+        [],
+        "--mount",
+        help="SRC[:TARGET]: bind-mount the host folder SRC (absolute) into every login and compute node at TARGET "
+        "(default: the same path); repeatable, added to the spec's Mounts.",
+    ),
     json_out: bool = JsonOpt,
 ) -> None:
     """Create a cluster: controller first, then login and compute groups in parallel."""
@@ -54,7 +60,9 @@ def create(
     static = load_catalogue()
     e = None if uses_only(raw, static, gpu_names=True) else env()
     catalogue = static if e is None else e.catalogue
-    spec = with_overrides(raw, catalogue, name=name, mode=mode, problems=problems, accounting=accounting, rest=rest)
+    spec = with_overrides(
+        raw, catalogue, name=name, mode=mode, problems=problems, accounting=accounting, rest=rest, mounts=mount
+    )
     if dry_run:  # what hp would create; no state is made, and no engine is needed
         dry_run_check(e, spec, catalogue)
         out.json(spec.model_dump(exclude_none=True)) if json_out else out.info(

@@ -155,13 +155,15 @@ def create(env: Env, spec: ClusterSpec, opts: CreateOptions, progress: Progress 
         thresholds_checked()  # a bad thresholds file is bad input: refused before anything is made
     progress.stage("images", "checking node images")
     images = env.images.build(image_defs(spec, env.catalogue, env.multihost), log=lambda s: progress.stage("images", s))
+    # NodePackages: the login and compute images derived from hp's (the Launcher runs them)
+    derived = env.images.build_packages(images, spec.packages, log=lambda s: progress.stage("images", s))
     if env.multihost:
         progress.stage("hosts", "probing what nodes need on every host")
         if problems := host_problems(env, lambda s: progress.stage("hosts", s)):
             raise BadInput(problems, "cannot create")
         progress.stage("images", "on every host")
         # with the base image's tag (its layers travel anyway): GPU discovery probes in it
-        refs = sorted(set(images.values()) | {env.images.base(make=False)[0]})
+        refs = sorted(set(images.values()) | set(derived.values()) | {env.images.base(make=False)[0]})
         env.provider.prepare_images(refs, lambda s: progress.stage("images", s))
     if not env.store.add_cluster(name, spec.model_dump(exclude_none=True), "Creating"):
         raise BadInput(f"a cluster named {name!r} already exists", "name in use")

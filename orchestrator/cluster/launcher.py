@@ -54,7 +54,8 @@ def classify(e: EngineError, what: str) -> LaunchError:
 class Launcher:
     def __init__(self, cluster: Cluster, images: dict[str, str]):
         self.c = cluster
-        self.images = images
+        # hp's images; with NodePackages, login and compute nodes run the derived ones
+        self.images = cluster.env.images.with_packages(images, cluster.spec.packages)
         self._gpu_cids: set[str] = set()  # created GPU nodes: started only once gres.conf is in force
 
     @property
@@ -98,15 +99,17 @@ class Launcher:
         role = ROLE_BY_NODE_TYPE[group.node_type]
         itype = c.env.catalogue[group.InstanceType]
         node = node_name(group.InstanceGroupName, index)
-        env = {"HP_CONTROLLER": c.controller_host, "HP_CLUSTER": c.name}
+        # HP_ROLE set here too: a user's image FROM hp's worker image serves a login group as well
+        env = {"HP_CONTROLLER": c.controller_host, "HP_CLUSTER": c.name, "HP_ROLE": role}
         vols = {shared_volume(c.name): "/home"}
+        binds = [f"{m.Source}:{m.target}:{'ro' if m.ReadOnly else 'rw'}" for m in c.spec.Mounts or ()]
         wiring, gpu_labels, gres = self.gpu_setup(gpus, host) if gpus else (None, {}, None)
         if role == "worker":
             # with on-start checks the node registers drained, so it takes no job before they pass
             reason = drain_reason or (ONSTART_REASON if group.OnStartDeepHealthChecks else None)
             env["HP_SLURMD_CONF"] = slurmd_conf(itype, group.InstanceGroupName.lower(), reason, gres)
         if role == "controller":
-            vols = {state_volume(c.name): "/var/spool/slurmctld"}
+            vols, binds = {state_volume(c.name): "/var/spool/slurmctld"}, []
         lab = labels(c.name, role, group.InstanceGroupName, node, index, itype.name)
         lab.update(gpu_labels)
         spec = ContainerSpec(
@@ -117,6 +120,7 @@ class Launcher:
             network=network_name(c.name),
             environment=env,
             volumes=vols,
+            binds=binds,
             cpu_limit=itype.cpu_limit,
             memory_bytes=itype.memory_mib * 2**20,
             gpus=wiring,
@@ -129,7 +133,6 @@ class Launcher:
             else:  # /home from the cluster's file server, over the overlay
                 spec.image = group.Image or self.images["node-mh"]
                 spec.volumes = {}
-                env["HP_ROLE"] = role  # one image for login and compute nodes
                 env["HP_HOME_SERVER"] = fileserver_name(c.name)
                 spec.devices = ["/dev/fuse:/dev/fuse:rwm"]
                 spec.cap_add = ["SYS_ADMIN"]

@@ -52,7 +52,8 @@ def host_problems(env: Env, log: Callable[[str], None]) -> list[str]:
 
 
 def placement_problems(env: Env | None, spec: ClusterSpec) -> list[str]:
-    """Placement that names hosts hp does not know (or any host, with none registered)."""
+    """Placement that names hosts hp does not know (or any host, with none registered);
+    Mounts with registered hosts (a host folder is on this machine only)."""
     problems = []
     hosts = list(env.provider.engines()) if env is not None and env.multihost else []
     for i, g in enumerate(spec.InstanceGroups):
@@ -70,6 +71,12 @@ def placement_problems(env: Env | None, spec: ClusterSpec) -> list[str]:
                 f"InstanceGroups[{i}].Placement.Hosts: unknown host(s) {', '.join(unknown)} "
                 f"(registered: {', '.join(hosts)})"
             )
+    if spec.Mounts and hosts:
+        problems.append(
+            "Mounts: a host folder is on this machine only, and with registered hosts (hp hosts add) the nodes run "
+            "on other machines that do not have it; put the files in /home (the cluster's file server serves it "
+            "to every node) or leave Mounts out"
+        )
     return problems
 
 

@@ -75,6 +75,28 @@ MULTIHOST_IMAGES = (
 _BY_NAME = {d.name: d for d in NODE_IMAGES + SERVICE_IMAGES + CHECK_IMAGES + GPU_IMAGES + MULTIHOST_IMAGES}
 
 
+# NodePackages (the spec's Debian packages): a login/compute image derived from hp's, keyed
+# by the content hash of its parent's tag (itself a hash of the base image and hp's
+# context), this recipe and the sorted list. The names are validated (spec/userwork.py)
+# and reach apt-get as arguments through xargs from a file of the build context: no
+# shell reads them.
+PACKAGES_DOCKERFILE = """\
+ARG PARENT
+FROM ${PARENT}
+ARG APT_OPTS="-o Acquire::http::Timeout=20 -o Acquire::Retries=1"
+COPY packages.txt /tmp/hp-packages.txt
+RUN apt-get $APT_OPTS update --error-on=any \\
+ && xargs -r -d '\\n' -a /tmp/hp-packages.txt apt-get $APT_OPTS install -y --no-install-recommends \\
+ && apt-get clean && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /tmp/hp-packages.txt
+"""
+PACKAGES_OF = ("login", "worker", "node-mh")  # the images that login and compute nodes run
+
+
+def packages_hash(packages: tuple[str, ...]) -> str:
+    """What a derived image depends on besides its parent: the recipe and the list."""
+    return hashlib.sha256(PACKAGES_DOCKERFILE.encode() + b"\0" + "\n".join(packages).encode()).hexdigest()
+
+
 def context_hash(ctx: Path) -> str:
     """What a build context's images depend on: each file's path, content and whether it
     is executable. Not the other permission bits: a tree unpacked with another umask
@@ -86,6 +108,16 @@ def context_hash(ctx: Path) -> str:
             h.update(b"x" if p.stat().st_mode & 0o111 else b"-")
             h.update(p.read_bytes() + b"\0")
     return h.hexdigest()
+
+
+def _steps(log: Log) -> Log:
+    """A build's log lines for `log`: its steps only."""
+
+    def steps(line: str) -> None:
+        if line.startswith("Step "):
+            log(line)
+
+    return steps
 
 
 class Images:
@@ -186,10 +218,7 @@ class Images:
         return out
 
     def _build_one(self, d: ImageDef, ref: str, base_ref: str, log: Log, parent: str | None = None) -> None:
-        def steps(line: str) -> None:
-            if line.startswith("Step "):
-                log(line)
-
+        steps = _steps(log)
         try:
             args = {"BASE": base_ref, **({"PARENT": parent} if parent else {})}
             if parent and not self.exists(parent):
@@ -200,6 +229,45 @@ class Images:
         if not self.exists(ref):
             raise OperationFailed(f"building {ref} produced no image")
         self.p.tag_image(ref, d.repo(), "latest")
+
+    # -- NodePackages: derived login/compute images -----------------------------------
+    @staticmethod
+    def with_packages(refs: dict[str, str], packages: tuple[str, ...]) -> dict[str, str]:
+        """`refs` with the login and compute nodes' images replaced by the ones derived
+        for `packages` (no packages: `refs` as they are). Tags only; nothing is built."""
+        if not packages:
+            return dict(refs)
+        out = dict(refs)
+        for name in PACKAGES_OF:
+            if name in refs and not refs[name].startswith(f"hp-{name}-pkgs:"):  # not one derived already
+                h = hashlib.sha256(f"{refs[name]}\0{packages_hash(packages)}".encode()).hexdigest()
+                out[name] = f"hp-{name}-pkgs:{h[:12]}"
+        return out
+
+    def build_packages(
+        self, refs: dict[str, str], packages: tuple[str, ...], log: Log = lambda s: None
+    ) -> dict[str, str]:
+        """Build the derived images of `refs` that are missing (a second call with the
+        same images and list builds nothing); the refs with them in. A package apt
+        cannot install fails the build with apt's words (OperationFailed)."""
+        out = self.with_packages(refs, packages)
+        for name in PACKAGES_OF:
+            if name not in refs or out[name] == refs[name]:
+                continue
+            if self.exists(out[name]):
+                log(f"{out[name]} is up to date")
+                continue
+            log(f"building {out[name]} (NodePackages: {' '.join(packages)})")
+            with tempfile.TemporaryDirectory(prefix="hp-pkgs-") as tmp:
+                (Path(tmp) / "Dockerfile").write_text(PACKAGES_DOCKERFILE)
+                (Path(tmp) / "packages.txt").write_text("".join(p + "\n" for p in packages))
+                try:
+                    self.p.build_image(Path(tmp), out[name], None, {"PARENT": refs[name]}, _steps(log))
+                except EngineError as e:
+                    raise OperationFailed(f"NodePackages: {e}") from None
+            if not self.exists(out[name]):
+                raise OperationFailed(f"building {out[name]} produced no image")
+        return out
 
     def status(self, extra: tuple[ImageDef, ...] = ()) -> list[dict[str, str | bool]]:
         """hp's images (and `extra` ones: the multi-host images when hosts are registered)."""

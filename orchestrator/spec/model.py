@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import BadInput
 from . import names as specnames
+from . import userwork
 from .catalogue import InstanceType
 from .reference import reference_problem
 
@@ -89,6 +90,19 @@ class RestConfig(_Model):
     Enabled: bool
 
 
+class MountConfig(_Model):
+    """hp's own: a host folder bind-mounted into every login and compute node (Target:
+    default its Source's path)."""
+
+    Source: str
+    Target: str | None = None
+    ReadOnly: bool = False
+
+    @property
+    def target(self) -> str:
+        return self.Target if self.Target is not None else self.Source
+
+
 class ClusterSpec(_Model):
     ClusterName: str
     InstanceGroups: list[InstanceGroup]
@@ -105,6 +119,15 @@ class ClusterSpec(_Model):
     # hp's own: the cluster services (absent: the defaults; fixed when the cluster is created)
     Accounting: AccountingConfig | None = None
     Rest: RestConfig | None = None
+    # hp's own: the user's work (spec/userwork.py): host folders on the login and compute
+    # nodes, and Debian packages added to their images
+    Mounts: list[MountConfig] | None = None
+    NodePackages: list[str] | None = None
+
+    @property
+    def packages(self) -> tuple[str, ...]:
+        """NodePackages, sorted and once each: what the derived node image is keyed by."""
+        return userwork.package_key(self.NodePackages)
 
     @property
     def accounting(self) -> bool:
@@ -348,6 +371,7 @@ def validate(
             else:
                 problems.append(f"{loc}: {err['msg']} (got {_short(err.get('input'))})")
     problems += _semantic_problems(raw, catalogue, names=not existing)
+    problems += userwork.mount_problems(raw, on_host=not existing) + userwork.package_problems(raw)
     if problems or spec is None:
         raise BadInput(problems, "invalid cluster spec")
     return spec
@@ -392,12 +416,16 @@ def with_overrides(
     problems: list[str] | None = None,
     accounting: bool | None = None,
     rest: bool | None = None,
+    mounts: list[str] | None = None,
 ) -> ClusterSpec:
     """Validate a spec document with the command line's overrides (--name, --mode,
-    --accounting, --rest); BadInput listing every problem, `problems` (found by the
-    caller) included."""
+    --accounting, --rest, --mount: added to the spec's Mounts); BadInput listing every
+    problem, `problems` (found by the caller) included."""
     problems = list(problems or [])
     if isinstance(raw, dict):
+        if mounts:
+            have = raw.get("Mounts") if isinstance(raw.get("Mounts"), list) else []
+            raw = {**raw, "Mounts": [*have, *(userwork.mount_arg(m) for m in mounts)]}
         if accounting is not None:
             raw = {**raw, "Accounting": {"Enabled": accounting}}
         if rest is not None:

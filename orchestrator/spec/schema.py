@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from . import names as specnames
+from . import userwork
 from .model import NAME_MAX, NAME_RE, SLURM_MAX_NODES, ClusterSpec
 
 SCHEMA_ID = "https://hp.invalid/schemas/cluster-spec.schema.json"
@@ -39,6 +40,9 @@ GAPS = [
     "the compute nodes of all groups together at most MaxNodeCount (or Slurm's 65536): a sum JSON Schema cannot "
     "compute",
     "Placement.Hosts must name registered hosts (hp hosts list): known only when the cluster is created",
+    "Mounts: each Source an existing folder of this machine, each Target not inside /etc, /usr, /proc and the "
+    "other paths the node's system and Slurm use, nor /home itself, and the Targets different: known only "
+    "where hp runs, or relations between values",
 ]
 
 
@@ -96,6 +100,13 @@ def cluster_spec_schema() -> dict[str, Any]:
         description="registered hosts (hp hosts add) the group may use, in order; a name hp does not know is "
         "refused when the cluster is created",
     )
+    props["NodePackages"]["anyOf"][0].update(
+        maxItems=userwork.PACKAGES_MAX,
+        items={"type": "string", "pattern": "^" + userwork.PACKAGE_RE.pattern + r"(?![\s\S])"},
+    )
+    props["NodePackages"]["description"] = "Debian package names, added to the login and compute nodes' image"
+    props["Mounts"]["anyOf"][0]["maxItems"] = userwork.MOUNTS_MAX
+    props["Mounts"]["description"] = "host folders bind-mounted into every login and compute node"
     gp["InstanceCount"]["minimum"] = 0
     gp["InstanceCount"]["maximum"] = SLURM_MAX_NODES
     gp["MinCount"]["anyOf"][0]["minimum"] = 0

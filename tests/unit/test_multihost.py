@@ -824,3 +824,32 @@ def test_create_refuses_a_host_that_lost_dev_fuse_before_anything_is_streamed(tm
         assert not [c for c in e.containers_.values() if c.spec.labels.get("io.hp.cluster") == "lab"]
         assert set(e.images) - set(before[h]) <= {"debian:trixie-slim"}, h  # at most the probe's base image
     assert w.env.provider.networks("lab") == [] and w.env.provider.volumes("lab") == []
+
+
+def test_mounts_are_refused_with_hosts_and_bound_on_one_engine(tmp_path):
+    src = tmp_path / "checkout"
+    src.mkdir()
+    doc = spec_doc("lab", Mounts=[{"Source": str(src)}, {"Source": str(src), "Target": "/data", "ReadOnly": True}])
+    w = multi_world(tmp_path / "multi")
+    with pytest.raises(BadInput, match="Mounts: a host folder is on this machine only"):
+        create(w.env, validate(doc, w.env.catalogue), CreateOptions(timeout=5))
+    assert w.env.store.cluster("lab") is None and not w.provider.containers()
+    one = world(tmp_path / "one")
+    create(one.env, validate(doc, one.env.catalogue), CreateOptions(timeout=5, register_timeout=2))
+    binds = [f"{src}:{src}:rw", f"{src}:/data:ro"]
+
+    def node(n):
+        return one.provider._get(f"hp-lab-{n}").spec
+
+    assert node("login-1").binds == binds and node("cpu-1").binds == binds
+    assert node("controller-1").binds == []
+    assert node("login-1").environment["HP_ROLE"] == "login"
+
+
+def test_node_packages_with_hosts_derive_the_home_mounting_image_and_send_it_to_every_host(tmp_path):
+    w = multi_world(tmp_path)
+    make(w, NodePackages=["jq"])
+    worker, login = w.node("lab", "cpu-1").spec, w.node("lab", "login-1").spec
+    assert worker.image.startswith("hp-node-mh-pkgs:") and login.image == worker.image
+    assert w.node("lab", "controller-1").spec.image == w.env.images.refs()["controller"]
+    assert all(e.images.get(worker.image) for e in w.hosts.values())
