@@ -187,8 +187,9 @@ def test_a_host_whose_engine_cannot_hand_nodes_dev_fuse_is_refused_until_it_can(
         lab.hp(*add, check=True)
         print(f"the same host given /dev/fuse: accepted in {time.monotonic() - t0:.1f} s")
         assert [h["Name"] for h in lab.hp.json("hosts", "list")["Hosts"]] == ["h1", "h2", "h3", "h4"]
-        # the host loses the device later: create's preflight refuses before anything is streamed or made
-        h4 = harness.recreate(4, fuse=False)
+        # the host loses the device later (restarted without it, its images and swarm state kept):
+        # create's preflight refuses before anything is streamed or made
+        h4 = harness.recreate(4, fuse=False, fresh=False)
         t0 = time.monotonic()
         r = lab.hp("create", "-f", str(write_spec(tmp_path / "f.json", spec("mhfuse", compute=1))))
         took = time.monotonic() - t0

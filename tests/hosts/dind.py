@@ -13,6 +13,7 @@ network (its swarm address).
     hs.kill("mh2-host3"); hs.restart("mh2-host3"); hs.stop_all()
     hs.start(1, first=4, fuse=False)       # a host whose engine cannot hand nodes /dev/fuse
     hs.recreate(4)                         # the same host, given the device
+    hs.recreate(4, fuse=False, fresh=False)  # loses it again, its images and swarm state kept
 
 Names: every container, volume, network and image it makes starts with `prefix`
 (HP_DIND_PREFIX, default "hpdind-"), and carries the label io.hp.dind-harness.
@@ -180,14 +181,15 @@ class Harness:
             self._hosts[name] = tc
         return self._hosts[name]
 
-    def _start_one(self, i: int, fuse: bool = True) -> Host:
+    def _start_one(self, i: int, fuse: bool = True, fresh: bool = True) -> Host:
         name = self.host_name(i)
         sd = self.sock_root / name
         sd.mkdir(parents=True, exist_ok=True)
         (sd / "docker.sock").unlink(missing_ok=True)
         vol = f"{name}-docker"
-        self._remove_volume(vol)  # a fresh host: no engine state (a swarm) from an earlier run
-        self.docker.api.create_volume(vol, labels={LABEL: "1"})
+        if fresh:  # no engine state (images, a swarm) from an earlier run
+            self._remove_volume(vol)
+            self.docker.api.create_volume(vol, labels={LABEL: "1"})
         tc = (
             DockerContainer(self.image, name=name)
             .with_volume_mapping("/sys/fs/cgroup", "/sys/fs/cgroup", "rw")
@@ -227,15 +229,16 @@ class Harness:
             self.stop_all()
             raise Unsupported(f"a Docker-in-Docker host did not start: {e}") from None
 
-    def recreate(self, i: int, fuse: bool = True) -> Host:
-        """Host i made again (same name, address and socket; a fresh engine), e.g. given
-        /dev/fuse this time."""
+    def recreate(self, i: int, fuse: bool = True, fresh: bool = True) -> Host:
+        """Host i made again (same name, address and socket), e.g. given /dev/fuse this
+        time: a fresh engine, or (`fresh` False) the same engine state, its images and
+        swarm membership kept (the machine rebooted without the fuse module)."""
         self._hosts.pop(self.host_name(i), None)
         try:
             self.docker.api.remove_container(self.host_name(i), force=True, v=True)
         except NotFound:
             pass
-        return self._start_one(i, fuse)
+        return self._start_one(i, fuse, fresh)
 
     def kill(self, name: str) -> None:
         """`docker kill` of the host: its dockerd and every container in it die at once."""
