@@ -54,7 +54,10 @@ def create(
     static = load_catalogue()
     e = None if uses_only(raw, static, gpu_names=True) else env()
     catalogue = static if e is None else e.catalogue
-    spec = with_overrides(raw, catalogue, name=name, mode=mode, problems=problems, accounting=accounting, rest=rest)
+    base = spec_file.resolve().parent if spec_file else None  # a LifeCycleConfig's folder is relative to the file
+    spec = with_overrides(
+        raw, catalogue, name=name, mode=mode, problems=problems, accounting=accounting, rest=rest, base=base
+    )
     if dry_run:  # what hp would create; no state is made, and no engine is needed
         dry_run_check(e, spec, catalogue)
         out.json(spec.model_dump(exclude_none=True)) if json_out else out.info(

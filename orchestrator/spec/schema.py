@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from . import lifecycle
 from . import names as specnames
 from .model import NAME_MAX, NAME_RE, SLURM_MAX_NODES, ClusterSpec
 
@@ -39,6 +40,8 @@ GAPS = [
     "the compute nodes of all groups together at most MaxNodeCount (or Slurm's 65536): a sum JSON Schema cannot "
     "compute",
     "Placement.Hosts must name registered hosts (hp hosts list): known only when the cluster is created",
+    "LifeCycleConfig.SourceS3Uri must be a local folder (relative to the spec file) or a file:// URI that exists, "
+    "not s3://, and OnCreate a file in it: facts of the machine hp runs on",
 ]
 
 
@@ -96,6 +99,8 @@ def cluster_spec_schema() -> dict[str, Any]:
         description="registered hosts (hp hosts add) the group may use, in order; a name hp does not know is "
         "refused when the cluster is created",
     )
+    lct = out["$defs"]["LifeCycleSpec"]["properties"]["OnCreateTimeout"]["anyOf"][0]
+    lct.update(minimum=1, maximum=lifecycle.TIMEOUT_MAX)
     gp["InstanceCount"]["minimum"] = 0
     gp["InstanceCount"]["maximum"] = SLURM_MAX_NODES
     gp["MinCount"]["anyOf"][0]["minimum"] = 0

@@ -1,0 +1,151 @@
+"""Lifecycle scripts on a node (LifeCycleConfig.OnCreate; docs/lifecycle.md).
+
+Before a node's container first starts, the launcher copies into it (put_archive):
+- the group's folder, under DIR/src (DIR = /opt/hp/oncreate);
+- DIR/script (the script's path in the folder) and DIR/timeout (seconds): data the
+  node's entry reads, never a command line (no user string reaches a shell);
+- DIR/pending: the entry (images/node/hp-entry) runs the script once, at the
+  container's first start, before slurmctld, slurmd or sackd: a reboot restarts the
+  same container (pending is gone), a replace makes a new one (it runs again);
+- the node's facts: /opt/ml/config/resource_config.json (HyperPod's shape: the
+  cluster, every group with its nodes) and, for sh scripts, /etc/hp/node.env
+  (HP_CLUSTER, HP_GROUP, HP_NODE, HP_NODE_TYPE, HP_CONTROLLER) and /etc/hp/nodes (one
+  line per node: group, node type, node name).
+The entry writes the script's output to the container's log and to DIR/log, and at the
+end DIR/result/{rc,tail} (made whole, then renamed: read once it is there). The
+launcher waits for it (wait_result) and turns a failure into a LaunchError.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from pathlib import Path
+
+from ..docker.provider import Provider
+from ..errors import EngineError, LaunchError
+from ..naming import node_name
+from ..spec.lifecycle import folder_files
+from ..spec.model import ClusterSpec, InstanceGroup, LifeCycleSpec
+
+DIR = "opt/hp/oncreate"  # relative to /, as put_archive's tar names are
+RESULT = f"/{DIR}/result"
+CONFIG = "opt/ml/config/resource_config.json"
+FileMap = dict[str, tuple[bytes, int, int]]
+TAIL_LINES = 5  # of the script's output, in its event and in a failure's message
+SLACK_S = 15.0  # beyond OnCreateTimeout: the entry's own kill (5 s) and the copy back
+TIMED_OUT = (124, 137)  # timeout(1): the limit passed (137: killed after the grace)
+
+
+def resource_config(spec: ClusterSpec) -> dict:
+    """HyperPod's resource_config.json: the cluster and every group's nodes (the
+    group's target count; no addresses: the nodes' names resolve on the network)."""
+    return {
+        "ClusterConfig": {"ClusterName": spec.ClusterName},
+        "InstanceGroups": [
+            {
+                "Name": g.InstanceGroupName,
+                "InstanceType": g.InstanceType,
+                "NodeType": g.node_type,
+                "Instances": [
+                    {"InstanceName": node_name(g.InstanceGroupName, i), "Hostname": node_name(g.InstanceGroupName, i)}
+                    for i in range(1, g.InstanceCount + 1)
+                ],
+            }
+            for g in spec.InstanceGroups
+        ],
+    }
+
+
+def node_env(spec: ClusterSpec, group: InstanceGroup, node: str, controller: str) -> str:
+    """/etc/hp/node.env: the node's facts as shell assignments (quoted)."""
+    facts = {
+        "HP_CLUSTER": spec.ClusterName,
+        "HP_GROUP": group.InstanceGroupName,
+        "HP_NODE": node,
+        "HP_NODE_TYPE": group.node_type,
+        "HP_CONTROLLER": controller,
+    }
+    return "".join(f"{k}={shlex.quote(v)}\n" for k, v in facts.items())
+
+
+def node_list(spec: ClusterSpec) -> str:
+    """/etc/hp/nodes: `group node-type node` per line, every group's nodes."""
+    return "".join(
+        f"{g.InstanceGroupName} {g.node_type} {node_name(g.InstanceGroupName, i)}\n"
+        for g in spec.InstanceGroups
+        for i in range(1, g.InstanceCount + 1)
+    )
+
+
+def files(spec: ClusterSpec, group: InstanceGroup, index: int, controller: str) -> FileMap:
+    """What goes into the node (tar names relative to /). Raises LaunchError when the
+    group's folder cannot be read (it may have gone since the spec was checked)."""
+    lc = group.LifeCycleConfig
+    assert lc is not None
+    folder = Path(lc.SourceS3Uri)
+    out: FileMap = {}
+    try:
+        for rel, p in folder_files(folder):
+            out[f"{DIR}/src/{rel}"] = (p.read_bytes(), p.stat().st_mode & 0o777, 0)
+    except (OSError, ValueError) as e:
+        raise LaunchError("LifecycleSourceUnreadable", f"{folder}: {e}", retryable=True) from None
+    if f"{DIR}/src/{lc.OnCreate}" not in out:
+        raise LaunchError("LifecycleSourceUnreadable", f"{lc.OnCreate} is no longer in {folder}", retryable=True)
+    node = node_name(group.InstanceGroupName, index)
+    out[f"{DIR}/script"] = (lc.OnCreate.encode(), 0o600, 0)
+    out[f"{DIR}/timeout"] = (str(lc.timeout).encode(), 0o600, 0)
+    out[f"{DIR}/pending"] = (b"", 0o600, 0)
+    out[CONFIG] = (json.dumps(resource_config(spec), indent=2).encode() + b"\n", 0o644, 0)
+    out["etc/hp/node.env"] = (node_env(spec, group, node, controller).encode(), 0o644, 0)
+    out["etc/hp/nodes"] = (node_list(spec).encode(), 0o644, 0)
+    return out
+
+
+def outcome(lc: LifeCycleSpec, result: dict[str, bytes]) -> tuple[int, list[str], LaunchError | None]:
+    """(exit code, last lines, the LaunchError when it failed) from DIR/result."""
+    try:
+        rc = int(result.get("rc", b"").strip() or b"-1")
+    except ValueError:
+        rc = -1
+    tail = [ln for ln in result.get("tail", b"").decode(errors="replace").splitlines() if ln.strip()][-TAIL_LINES:]
+    if rc == 0:
+        return rc, tail, None
+    last = tail[-1][:200] if tail else "(no output)"
+    how = f"timed out after {lc.timeout} s" if rc in TIMED_OUT else f"exit {rc}"
+    return rc, tail, LaunchError("LifecycleScriptFailed", f"{how}: {last} (script {lc.OnCreate})", retryable=True)
+
+
+POLL_S = (0.05, 0.5)  # first and longest wait between two looks at the result
+
+
+def wait_result(
+    p: Provider, cid: str, lc: LifeCycleSpec, clock=time.monotonic, sleep=time.sleep
+) -> tuple[int, list[str], LaunchError | None]:
+    """Wait for the node's entry to finish the script (bounded by OnCreateTimeout plus
+    SLACK_S): its outcome. A node that stops without a result failed too."""
+    deadline = clock() + lc.timeout + SLACK_S
+    pause, looks = POLL_S[0], 0
+    while True:
+        try:
+            result = p.get_dir(cid, RESULT)
+        except EngineError as e:
+            return -1, [], LaunchError("LifecycleScriptFailed", f"its result cannot be read: {e}", retryable=True)
+        if "rc" in result:
+            return outcome(lc, result)
+        looks += 1
+        if looks % 10 == 0 and not p.inspect(cid).state.running:
+            # the entry died before writing a result (e.g. the container was killed)
+            again = p.get_dir(cid, RESULT)
+            if "rc" in again:
+                return outcome(lc, again)
+            tail = p.logs(cid, tail=TAIL_LINES).strip().splitlines()
+            last = tail[-1][:200] if tail else "(no output)"
+            err = f"the node stopped before its script {lc.OnCreate} finished: {last}"
+            return -1, tail, LaunchError("LifecycleScriptFailed", err, retryable=True)
+        if clock() > deadline:
+            err = f"no result within {lc.timeout + SLACK_S:g} s (script {lc.OnCreate})"
+            return -1, [], LaunchError("LifecycleScriptFailed", err, retryable=True)
+        sleep(pause)
+        pause = min(pause * 1.5, POLL_S[1])
