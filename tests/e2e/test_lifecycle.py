@@ -97,7 +97,7 @@ def test_script_runs_on_every_node_before_slurm_with_its_facts_and_again_after_r
     # the controller's group has no LifeCycleConfig
     assert DockerProvider().exec(f"hp-{name}-controller-1", ["test", "-e", "/var/tmp/hp-oncreate-marker"]).exit_code
     ev = events(hp, name)
-    assert any(f"Lifecycle script on_create.sh on cpu-2 exited 0 after" in e and "from the folder" in e for e in ev)
+    assert any("Lifecycle script on_create.sh on cpu-2 exited 0 after" in e and "from the folder" in e for e in ev)
     # its output is in the node's log (hp logs)
     out = tmp_path / "logs"
     hp("logs", name, "--dir", str(out), check=True, timeout=120)
@@ -136,11 +136,13 @@ def test_failing_script_in_continuous_mode_keeps_the_node_pending_and_the_others
     hp.env["HP_RETRY_MAX"] = "2"  # the backoff's longest wait, so two tries come quickly
     name = hp.name("lk")
     lc_folder(tmp_path, fail_on="cpu-2")
-    spec = write_spec(tmp_path / "spec.json", lc_spec(name, [("cpu", "cpu.nano", 2)], NodeProvisioningMode="Continuous"))
+    spec = write_spec(
+        tmp_path / "spec.json", lc_spec(name, [("cpu", "cpu.nano", 2)], NodeProvisioningMode="Continuous")
+    )
     hp("create", "-f", str(spec), check=True, timeout=300)
 
     def state():
-        return {n["InstanceName"]: n["InstanceStatus"] for n in hp.json("nodes", name)["ClusterNodeSummaries"]}
+        return {n["SlurmNodeName"]: n["InstanceStatus"] for n in hp.json("nodes", name)["ClusterNodeSummaries"]}
 
     def retried():
         s = state().get("cpu-2", {})
@@ -162,7 +164,11 @@ def test_bad_lifecycle_config_is_refused_with_every_problem_and_nothing_made(hp,
     igs[1]["LifeCycleConfig"] = {"SourceS3Uri": "s3://bucket/LifecycleScripts/base-config/", "OnCreate": "on_create.sh"}
     igs[2]["LifeCycleConfig"] = {"SourceS3Uri": "no-such-folder", "OnCreate": "on_create.sh"}
     igs[3]["LifeCycleConfig"] = {"SourceS3Uri": "lifecycle", "OnCreate": "missing.sh", "OnCreateTimeout": 0}
-    igs[4]["LifeCycleConfig"] = {"SourceS3Uri": "lifecycle", "OnCreate": "on_create.sh; rm -rf /", "OnCreateTimeout": 10**9}
+    igs[4]["LifeCycleConfig"] = {
+        "SourceS3Uri": "lifecycle",
+        "OnCreate": "on_create.sh; rm -rf /",
+        "OnCreateTimeout": 10**9,
+    }
     r = hp("create", "-f", str(write_spec(tmp_path / "spec.json", doc)), timeout=60)
     assert r.returncode == 2, (r.stdout, r.stderr)
     for part in (
