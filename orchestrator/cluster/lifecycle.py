@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import json
 import shlex
+import threading
 import time
 from pathlib import Path
 
 from ..docker.provider import Provider
-from ..errors import EngineError, LaunchError
+from ..errors import TRANSIENT, EngineError, LaunchError
 from ..naming import node_name
 from ..spec.lifecycle import folder_files
 from ..spec.model import ClusterSpec, InstanceGroup, LifeCycleSpec
@@ -117,29 +118,30 @@ def outcome(lc: LifeCycleSpec, result: dict[str, bytes]) -> tuple[int, list[str]
     return rc, tail, LaunchError("LifecycleScriptFailed", f"{how}: {last} (script {lc.OnCreate})", retryable=True)
 
 
-POLL_S = (0.05, 0.5)  # first and longest wait between two looks at the result
+DONE = "hp-entry: lifecycle script "  # the entry's last line about it: "... exited RC" (then the result is there)
+PAUSE_S = 0.2  # between two looks when the node's log cannot be followed
 
 
 def wait_result(
     p: Provider, cid: str, lc: LifeCycleSpec, clock=time.monotonic, sleep=time.sleep
 ) -> tuple[int, list[str], LaunchError | None]:
     """Wait for the node's entry to finish the script (bounded by OnCreateTimeout plus
-    SLACK_S): its outcome. A node that stops without a result failed too."""
+    SLACK_S): its outcome. Woken by the entry's line in the node's log (no polling);
+    the result itself is read from the node. A node that stops without a result failed."""
     deadline = clock() + lc.timeout + SLACK_S
-    pause, looks = POLL_S[0], 0
+    first = True
     while True:
+        if not first:  # a line that only looked like the entry's (the script's own output), or no stream
+            sleep(PAUSE_S)
+        first = False
         try:
             result = p.get_dir(cid, RESULT)
+            if "rc" in result:
+                return outcome(lc, result)
+            running = p.inspect(cid).state.running
         except EngineError as e:
             return -1, [], LaunchError("LifecycleScriptFailed", f"its result cannot be read: {e}", retryable=True)
-        if "rc" in result:
-            return outcome(lc, result)
-        looks += 1
-        if looks % 10 == 0 and not p.inspect(cid).state.running:
-            # the entry died before writing a result (e.g. the container was killed)
-            again = p.get_dir(cid, RESULT)
-            if "rc" in again:
-                return outcome(lc, again)
+        if not running:  # the entry died before writing a result (e.g. the container was killed)
             tail = p.logs(cid, tail=TAIL_LINES).strip().splitlines()
             last = tail[-1][:200] if tail else "(no output)"
             err = f"the node stopped before its script {lc.OnCreate} finished: {last}"
@@ -147,5 +149,23 @@ def wait_result(
         if clock() > deadline:
             err = f"no result within {lc.timeout + SLACK_S:g} s (script {lc.OnCreate})"
             return -1, [], LaunchError("LifecycleScriptFailed", err, retryable=True)
-        sleep(pause)
-        pause = min(pause * 1.5, POLL_S[1])
+        _wait_line(p, cid, deadline - clock())
+
+
+def _wait_line(p: Provider, cid: str, seconds: float) -> bool:
+    """Follow the node's log until the entry says the script exited (True), or the
+    stream ends, breaks (the engine's read timeout on a quiet log) or `seconds` pass."""
+    try:
+        stream = p.follow_logs(cid)
+    except EngineError:
+        return False
+    timer = threading.Timer(max(seconds, 0.0), stream.close)
+    timer.daemon = True
+    timer.start()
+    try:
+        return any(line.startswith(DONE) and " exited " in line for line in stream)
+    except TRANSIENT:
+        return False
+    finally:
+        timer.cancel()
+        stream.close()

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from fakes import spec_doc, world
+from fakes import FakeLines, spec_doc, world
 
 from orchestrator.cluster import lifecycle
 from orchestrator.cluster.context import Cluster
@@ -215,6 +215,7 @@ def entry(w, rc_of: dict[str, int], polls_before: int = 0):
             return real_get_dir(cid, path)
 
         w.provider.get_dir = get_dir
+        c.logs += f"setting up\nhp-entry: lifecycle script on_create.sh exited {rc}\n"
         c.files[f"{lifecycle.RESULT}/rc"] = f"{rc}\n".encode()
         c.files[f"{lifecycle.RESULT}/tail"] = f"setting up {c.spec.hostname}\nstep {rc} done\n".encode()
         if rc:
@@ -234,7 +235,7 @@ def events(w, name):
 
 
 def test_create_runs_the_script_on_every_node_but_the_controller_and_records_it(tmp_path, monkeypatch):
-    monkeypatch.setattr(lifecycle, "POLL_S", (0.001, 0.001))
+    monkeypatch.setattr(lifecycle, "PAUSE_S", 0.001)
     w = world(tmp_path)
     entry(w, {}, polls_before=3)
     create(w.env, lc_spec(w, tmp_path), CreateOptions(timeout=5, register_timeout=2))
@@ -270,7 +271,7 @@ def test_a_failing_script_in_continuous_mode_leaves_the_node_pending_and_the_oth
 
 
 def test_a_node_that_stops_without_a_result_or_never_answers_fails(tmp_path, monkeypatch):
-    monkeypatch.setattr(lifecycle, "POLL_S", (0.0, 0.0))
+    monkeypatch.setattr(lifecycle, "PAUSE_S", 0.0)
     w = world(tmp_path)
     s = lc_spec(w, tmp_path)
     c = Cluster(w.env, "lab", s)
@@ -289,6 +290,13 @@ def test_a_node_that_stops_without_a_result_or_never_answers_fails(tmp_path, mon
     cid = launcher.create_many([(s.group("cpu"), 2)])["cpu-2"]
     w.provider.on_start.pop(0)
     w.provider.start(cid)
+
+    def broken_stream(cid, since=None):  # a log stream that ends (e.g. the engine's read timeout)
+        f = FakeLines(["a line of the script's own: hp-entry: lifecycle script x exited 0"])
+        f.close()
+        return f
+
+    w.provider.follow_logs = broken_stream
 
     def tick(_):
         now[0] += 100
