@@ -11,9 +11,10 @@ Before a node's container first starts, the launcher copies into it (put_archive
   cluster, every group with its nodes) and, for sh scripts, /etc/hp/node.env
   (HP_CLUSTER, HP_GROUP, HP_NODE, HP_NODE_TYPE, HP_CONTROLLER) and /etc/hp/nodes (one
   line per node: group, node type, node name).
-The entry writes the script's output to the container's log and to DIR/log, and at the
-end DIR/result/{rc,tail} (made whole, then renamed: read once it is there). The
-launcher waits for it (wait_result) and turns a failure into a LaunchError.
+The entry writes the script's output to the container's log, its exit code to DIR/rc
+(one write, ending in a newline) and then a line that says so. The launcher waits for
+that line (wait_result), reads DIR/rc and the log's last lines, and turns a failure
+into a LaunchError.
 """
 
 from __future__ import annotations
@@ -31,10 +32,12 @@ from ..spec.lifecycle import folder_files
 from ..spec.model import ClusterSpec, InstanceGroup, LifeCycleSpec
 
 DIR = "opt/hp/oncreate"  # relative to /, as put_archive's tar names are
-RESULT = f"/{DIR}/result"
+RESULT = f"/{DIR}/rc"
 CONFIG = "opt/ml/config/resource_config.json"
 FileMap = dict[str, tuple[bytes, int, int]]
 TAIL_LINES = 5  # of the script's output, in its event and in a failure's message
+LOG_LINES = 200  # of the node's log read for them (the daemon may have begun to log after)
+DONE = "hp-entry: lifecycle script "  # the entry's lines around it; the last: "... exited RC"
 SLACK_S = 15.0  # beyond OnCreateTimeout: the entry's own kill (5 s) and the copy back
 TIMED_OUT = (124, 137)  # timeout(1): the limit passed (137: killed after the grace)
 
@@ -95,8 +98,8 @@ def files(spec: ClusterSpec, group: InstanceGroup, index: int, controller: str) 
     if f"{DIR}/src/{lc.OnCreate}" not in out:
         raise LaunchError("LifecycleSourceUnreadable", f"{lc.OnCreate} is no longer in {folder}", retryable=True)
     node = node_name(group.InstanceGroupName, index)
-    out[f"{DIR}/script"] = (lc.OnCreate.encode(), 0o600, 0)
-    out[f"{DIR}/timeout"] = (str(lc.timeout).encode(), 0o600, 0)
+    out[f"{DIR}/script"] = (lc.OnCreate.encode() + b"\n", 0o600, 0)
+    out[f"{DIR}/timeout"] = (f"{lc.timeout}\n".encode(), 0o600, 0)
     out[f"{DIR}/pending"] = (b"", 0o600, 0)
     out[CONFIG] = (json.dumps(resource_config(spec), indent=2).encode() + b"\n", 0o644, 0)
     out["etc/hp/node.env"] = (node_env(spec, group, node, controller).encode(), 0o644, 0)
@@ -104,13 +107,19 @@ def files(spec: ClusterSpec, group: InstanceGroup, index: int, controller: str) 
     return out
 
 
-def outcome(lc: LifeCycleSpec, result: dict[str, bytes]) -> tuple[int, list[str], LaunchError | None]:
-    """(exit code, last lines, the LaunchError when it failed) from DIR/result."""
+def outcome(lc: LifeCycleSpec, rc_text: bytes, log_tail: str) -> tuple[int, list[str], LaunchError | None]:
+    """(exit code, last lines of the script's output, the LaunchError when it failed)
+    from DIR/rc and the end of the node's log."""
     try:
-        rc = int(result.get("rc", b"").strip() or b"-1")
+        rc = int(rc_text.strip() or b"-1")
     except ValueError:
         rc = -1
-    tail = [ln for ln in result.get("tail", b"").decode(errors="replace").splitlines() if ln.strip()][-TAIL_LINES:]
+    lines = log_tail.splitlines()
+    ends = [i for i, ln in enumerate(lines) if ln.startswith(DONE) and " exited " in ln]
+    lines = lines[: ends[-1]] if ends else lines  # the script's output, not the daemon's after it
+    starts = [i for i, ln in enumerate(lines) if ln.startswith(DONE)]
+    lines = lines[starts[-1] + 1 :] if starts else lines
+    tail = [ln for ln in lines if ln.strip()][-TAIL_LINES:]
     if rc == 0:
         return rc, tail, None
     last = tail[-1][:200] if tail else "(no output)"
@@ -118,7 +127,6 @@ def outcome(lc: LifeCycleSpec, result: dict[str, bytes]) -> tuple[int, list[str]
     return rc, tail, LaunchError("LifecycleScriptFailed", f"{how}: {last} (script {lc.OnCreate})", retryable=True)
 
 
-DONE = "hp-entry: lifecycle script "  # the entry's last line about it: "... exited RC" (then the result is there)
 PAUSE_S = 0.2  # between two looks when the node's log cannot be followed
 
 
@@ -135,9 +143,9 @@ def wait_result(
             sleep(PAUSE_S)
         first = False
         try:
-            result = p.get_dir(cid, RESULT)
-            if "rc" in result:
-                return outcome(lc, result)
+            rc = p.get_dir(cid, RESULT).get("rc", b"")
+            if rc.endswith(b"\n"):  # written whole
+                return outcome(lc, rc, p.logs(cid, tail=LOG_LINES))
             running = p.inspect(cid).state.running
         except EngineError as e:
             return -1, [], LaunchError("LifecycleScriptFailed", f"its result cannot be read: {e}", retryable=True)

@@ -160,8 +160,8 @@ def test_facts_are_hyperpods_resource_config_and_shell_files(tmp_path):
     ]
     assert files["opt/hp/oncreate/src/on_create.sh"] == (b"#!/bin/bash\necho hello\n", 0o755, 0)
     assert files["opt/hp/oncreate/src/utils/helper.sh"][0] == b"echo helper\n"
-    assert files["opt/hp/oncreate/script"][0] == b"on_create.sh"
-    assert files["opt/hp/oncreate/timeout"][0] == b"42"
+    assert files["opt/hp/oncreate/script"][0] == b"on_create.sh\n"
+    assert files["opt/hp/oncreate/timeout"][0] == b"42\n"
     assert "opt/hp/oncreate/pending" in files
     assert lifecycle.node_env(s, s.group("cpu"), "cpu-1", "it's").splitlines()[-1] == "HP_CONTROLLER='it'\"'\"'s'"
 
@@ -185,13 +185,15 @@ def test_outcome_of_a_script(tmp_path):
     d = lc_dir(tmp_path)
     lc = validate(doc_with({"SourceS3Uri": str(d), "OnCreate": "on_create.sh", "OnCreateTimeout": 9}), CAT)
     lc = lc.group("cpu").LifeCycleConfig
-    assert lifecycle.outcome(lc, {"rc": b"0\n", "tail": b"a\nb\n"}) == (0, ["a", "b"], None)
-    rc, tail, err = lifecycle.outcome(lc, {"rc": b"3\n", "tail": b"x\n\nno such package\n"})
-    assert rc == 3 and tail == ["x", "no such package"]
+    log = "hp-entry: lifecycle script on_create.sh (at most 9 s)\na\nb\nhp-entry: lifecycle script on_create.sh exited 0\n"
+    assert lifecycle.outcome(lc, b"0\n", log + "slurmd: started\n") == (0, ["a", "b"], None)
+    log = "earlier\nhp-entry: lifecycle script on_create.sh (at most 9 s)\n1\n2\n3\n4\n5\n\nno such package\n"
+    rc, tail, err = lifecycle.outcome(lc, b"3\n", log + "hp-entry: lifecycle script on_create.sh exited 3\n")
+    assert rc == 3 and tail == ["2", "3", "4", "5", "no such package"]
     assert str(err) == "LifecycleScriptFailed: exit 3: no such package (script on_create.sh)" and err.retryable
-    _, _, err = lifecycle.outcome(lc, {"rc": b"124", "tail": b"waiting\n"})
+    _, _, err = lifecycle.outcome(lc, b"124\n", "waiting\n")
     assert str(err) == "LifecycleScriptFailed: timed out after 9 s: waiting (script on_create.sh)"
-    _, _, err = lifecycle.outcome(lc, {"rc": b"junk", "tail": b""})
+    _, _, err = lifecycle.outcome(lc, b"junk\n", "")
     assert str(err) == "LifecycleScriptFailed: exit -1: (no output) (script on_create.sh)"
 
 
@@ -215,9 +217,9 @@ def entry(w, rc_of: dict[str, int], polls_before: int = 0):
             return real_get_dir(cid, path)
 
         w.provider.get_dir = get_dir
-        c.logs += f"setting up\nhp-entry: lifecycle script on_create.sh exited {rc}\n"
-        c.files[f"{lifecycle.RESULT}/rc"] = f"{rc}\n".encode()
-        c.files[f"{lifecycle.RESULT}/tail"] = f"setting up {c.spec.hostname}\nstep {rc} done\n".encode()
+        c.logs += f"hp-entry: lifecycle script on_create.sh (at most 600 s)\nsetting up {c.spec.hostname}\n"
+        c.logs += f"step {rc} done\nhp-entry: lifecycle script on_create.sh exited {rc}\n"
+        c.files[lifecycle.RESULT] = f"{rc}\n".encode()
         if rc:
             c.state, c.exit_code = "exited", rc
 
@@ -242,7 +244,7 @@ def test_create_runs_the_script_on_every_node_but_the_controller_and_records_it(
     assert w.env.store.cluster("lab").status == "InService"
     for n in ("login-1", "cpu-1", "cpu-2"):
         f = w.provider.node("lab", n).files
-        assert f"{lifecycle.RESULT}/rc" in f and "/etc/hp/node.env" in f
+        assert lifecycle.RESULT in f and "/etc/hp/node.env" in f
     assert "/opt/hp/oncreate/script" not in w.provider.node("lab", "controller-1").files
     ev = events(w, "lab")
     ok = [e for e in ev if e.startswith("Lifecycle script on_create.sh on cpu-2 exited 0 after")]
