@@ -118,8 +118,10 @@ echo "$t0 $(date +%s.%N)" > /var/tmp/oncreate-time
 """
 
 
-def lifecycle_cost(n: int, runs: int) -> None:
-    """N workers with and without the OnCreate script, alternated; medians."""
+def lifecycle_cost(n: int, runs: int, cpu_limit: float | None = None) -> None:
+    """N workers with and without the OnCreate script, alternated; medians. `cpu_limit`:
+    the nodes' CPU share instead of bench.tiny's 0.02 (every fork of the script and of
+    the node's entry runs at that share)."""
     import statistics
 
     times: dict[bool, list[float]] = {False: [], True: []}
@@ -128,6 +130,10 @@ def lifecycle_cost(n: int, runs: int) -> None:
         for with_lc in (False, True) if i % 2 == 0 else (True, False):
             with tempfile.TemporaryDirectory() as home:
                 env = bench_env(home)
+                if cpu_limit is not None:
+                    Path(env["HP_INSTANCE_TYPES"]).write_text(
+                        f"bench.tiny: {{VCpus: 1, CpuLimit: {cpu_limit}, MemoryMiB: 128}}\n"
+                    )
                 doc = spec_doc("benchlc", n, login=True)
                 if with_lc:
                     d = Path(home) / "lifecycle"
@@ -150,7 +156,8 @@ def lifecycle_cost(n: int, runs: int) -> None:
                 hp(env, "delete", "benchlc")
     off, on, own = (statistics.median(times[False]), statistics.median(times[True]), statistics.median(script))
     cost = on - off - own
-    print(f"{n} workers + login, {runs} run(s) each, medians:")
+    share = f", CpuLimit {cpu_limit}" if cpu_limit is not None else ", CpuLimit 0.02 (bench.tiny)"
+    print(f"{n} workers + login{share}, {runs} run(s) each, medians:")
     print(f"  hp create without a lifecycle script {off:.2f} s, with a 10-line OnCreate on every node {on:.2f} s")
     print(f"  the script's own run time (slowest node) {own:.3f} s; hp's cost on the critical path {cost:+.2f} s")
     print(
@@ -167,9 +174,10 @@ def main() -> None:
     ap.add_argument("--acct-runs", type=int, default=3, help="create runs with and without accounting (0: skip)")
     ap.add_argument("--lifecycle", type=int, default=0, help="workers of the OnCreate-script run (0: skip)")
     ap.add_argument("--lifecycle-runs", type=int, default=3)
+    ap.add_argument("--lifecycle-cpu", type=float, default=None, help="the nodes' CpuLimit in that run")
     a = ap.parse_args()
     if a.lifecycle:
-        lifecycle_cost(a.lifecycle, a.lifecycle_runs)
+        lifecycle_cost(a.lifecycle, a.lifecycle_runs, a.lifecycle_cpu)
     if a.sizes == "none":
         if a.acct_runs:
             accounting_cost(a.acct_runs)
