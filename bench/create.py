@@ -8,7 +8,11 @@ time from `hp create` starting to the default cluster's first successful `srun`
 (alternated, --acct-runs times each): the create time each way and what accounting adds
 (it must be under 2 s for accounting to be on by default), and the time to the first
 `sacct` row: from `hp create` starting to a first job's record, and from a job's last
-instruction to its record. Images must be built (`make images`).
+instruction to its record. With --lifecycle N: a cluster of N workers with and without a
+10-line OnCreate script on every node (alternated, --lifecycle-runs times each): what
+the script adds to create, against the script's own run time (the slowest node's, as
+the script measured it): the rest is hp's cost on the critical path (target: under
+0.3 s, the nodes' scripts running in parallel). Images must be built (`make images`).
 """
 
 from __future__ import annotations
@@ -100,12 +104,80 @@ def accounting_cost(runs: int) -> None:
     print(f"  accounting by default: {'OK' if on - off < 2.0 else 'ABOVE the 2 s budget'} (budget 2 s)")
 
 
+# 10 lines, the kind of work an ops engineer's OnCreate does: facts read, a user, a tool
+ONCREATE = """#!/bin/bash
+t0=$(date +%s.%N)
+set -eu
+. /etc/hp/node.env
+mkdir -p /opt/team/bin
+printf '#!/bin/sh\\necho team tool on %s\\n' "$HP_NODE" > /opt/team/bin/team-tool
+chmod +x /opt/team/bin/team-tool
+grep -c '"InstanceName"' /opt/ml/config/resource_config.json > /opt/team/node-count
+id alice >/dev/null 2>&1 || useradd -m -u 2001 alice
+echo "$t0 $(date +%s.%N)" > /var/tmp/oncreate-time
+"""
+
+
+def lifecycle_cost(n: int, runs: int, cpu_limit: float | None = None) -> None:
+    """N workers with and without the OnCreate script, alternated; medians. `cpu_limit`:
+    the nodes' CPU share instead of bench.tiny's 0.02 (every fork of the script and of
+    the node's entry runs at that share)."""
+    import statistics
+
+    times: dict[bool, list[float]] = {False: [], True: []}
+    script = []
+    for i in range(runs):
+        for with_lc in (False, True) if i % 2 == 0 else (True, False):
+            with tempfile.TemporaryDirectory() as home:
+                env = bench_env(home)
+                if cpu_limit is not None:
+                    Path(env["HP_INSTANCE_TYPES"]).write_text(
+                        f"bench.tiny: {{VCpus: 1, CpuLimit: {cpu_limit}, MemoryMiB: 128}}\n"
+                    )
+                doc = spec_doc("benchlc", n, login=True)
+                if with_lc:
+                    d = Path(home) / "lifecycle"
+                    d.mkdir()
+                    (d / "on_create.sh").write_text(ONCREATE)
+                    for g in doc["InstanceGroups"]:
+                        if g["SlurmConfig"]["NodeType"] != "Controller":
+                            g["LifeCycleConfig"] = {"SourceS3Uri": str(d), "OnCreate": "on_create.sh"}
+                spec = write_json(Path(home) / "benchlc.json", doc)
+                t0 = time.monotonic()
+                hp(env, "create", "-f", spec)
+                times[with_lc].append(time.monotonic() - t0)
+                if with_lc:
+                    own = []
+                    for node in ["login-1"] + [f"w-{k}" for k in range(1, n + 1)]:
+                        r = hp(env, "exec", "benchlc", "--node", node, "--root", "--", "cat", "/var/tmp/oncreate-time")
+                        a, b = (float(x) for x in r.stdout.split())
+                        own.append(b - a)
+                    script.append(max(own))
+                hp(env, "delete", "benchlc")
+    off, on, own = (statistics.median(times[False]), statistics.median(times[True]), statistics.median(script))
+    cost = on - off - own
+    share = f", CpuLimit {cpu_limit}" if cpu_limit is not None else ", CpuLimit 0.02 (bench.tiny)"
+    print(f"{n} workers + login{share}, {runs} run(s) each, medians:")
+    print(f"  hp create without a lifecycle script {off:.2f} s, with a 10-line OnCreate on every node {on:.2f} s")
+    print(f"  the script's own run time (slowest node) {own:.3f} s; hp's cost on the critical path {cost:+.2f} s")
+    print(
+        f"  (each run, without: {', '.join(f'{x:.2f}' for x in times[False])}; with: "
+        f"{', '.join(f'{x:.2f}' for x in times[True])})"
+    )
+    print(f"  lifecycle overhead: {'OK' if cost < 0.3 else 'ABOVE the 0.3 s target'} (target < 0.3 s)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="4,16,64", help="worker counts vs the floor ('none': skip)")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--acct-runs", type=int, default=3, help="create runs with and without accounting (0: skip)")
+    ap.add_argument("--lifecycle", type=int, default=0, help="workers of the OnCreate-script run (0: skip)")
+    ap.add_argument("--lifecycle-runs", type=int, default=3)
+    ap.add_argument("--lifecycle-cpu", type=float, default=None, help="the nodes' CpuLimit in that run")
     a = ap.parse_args()
+    if a.lifecycle:
+        lifecycle_cost(a.lifecycle, a.lifecycle_runs, a.lifecycle_cpu)
     if a.sizes == "none":
         if a.acct_runs:
             accounting_cost(a.acct_runs)

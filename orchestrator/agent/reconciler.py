@@ -11,7 +11,7 @@ import logging
 import os
 from collections.abc import Callable
 
-from ..cluster.context import Cluster
+from ..cluster.context import Cluster, parallel
 from ..cluster.launcher import Launcher
 from ..docker.views import Container
 from ..errors import LaunchError, OperationFailed
@@ -248,11 +248,14 @@ class GroupReconciler:
             if self.rec.history(n).phase is not Phase.QUEUED:
                 self.rec.set(self.group, n, Phase.QUEUED, "waiting for capacity")
         res = self.launcher.create_many([(g, i) for i in indices])
+        made = [(n, r) for n, r in res.items() if isinstance(r, str)]
+        # in parallel: a start waits for the node's lifecycle script, if its group has one
+        started = dict(zip([n for n, _ in made], parallel(lambda t: self.launcher.start(t[1]), made), strict=True))
         for n, r in res.items():
             if isinstance(r, LaunchError):
                 self._failed(n, r, None)
                 continue
-            if err := self.launcher.start(r):
+            if err := started[n]:
                 self.c.p.remove_container(r)
                 self._failed(n, err, None)
                 continue

@@ -60,8 +60,17 @@ def create(
     static = load_catalogue()
     e = None if uses_only(raw, static, gpu_names=True) else env()
     catalogue = static if e is None else e.catalogue
+    base = spec_file.resolve().parent if spec_file else None  # a LifeCycleConfig's folder is relative to the file
     spec = with_overrides(
-        raw, catalogue, name=name, mode=mode, problems=problems, accounting=accounting, rest=rest, mounts=mount
+        raw,
+        catalogue,
+        name=name,
+        mode=mode,
+        problems=problems,
+        accounting=accounting,
+        rest=rest,
+        mounts=mount,
+        base=base,
     )
     if dry_run:  # what hp would create; no state is made, and no engine is needed
         dry_run_check(e, spec, catalogue)

@@ -244,8 +244,9 @@ def _create(
         env.store.set_phase(name, n, Phase.QUEUED, "waiting for capacity")
     created = launcher.create_many(wanted)
     # registered hosts: nodes start at once (their entry mounts /home and waits for
-    # slurmctld), so that their overlay attachment overlaps the controller's boot
-    early = _start_early(launcher, created) if cluster.multihost else None
+    # slurmctld), so that their overlay attachment overlaps the controller's boot; nodes
+    # with a lifecycle script too (their entry runs it, then waits for slurmctld)
+    early = _start_early(launcher, created, every=cluster.multihost)
     if spec.accounting:  # slurmctld registers the cluster with slurmdbd at its first start
         services.accounting_up(deadline)
         if err := launcher.start(ctl_res):
@@ -320,10 +321,19 @@ def _create(
     _in_service(cluster)
 
 
-def _start_early(launcher: Launcher, created: dict[str, str | LaunchError]) -> Future[dict[str, LaunchError | None]]:
-    """Start the created non-GPU nodes on a thread (GPU nodes wait for gres.conf, which
-    needs slurmctld); node -> the LaunchError that stopped it, or None."""
-    todo = [(n, r) for n, r in created.items() if isinstance(r, str) and r not in launcher.gpu_cids]
+def _start_early(
+    launcher: Launcher, created: dict[str, str | LaunchError], every: bool
+) -> Future[dict[str, LaunchError | None]] | None:
+    """Start the created non-GPU nodes (`every`), or those with a lifecycle script, on a
+    thread (GPU nodes wait for gres.conf, which needs slurmctld); node -> the LaunchError
+    that stopped it, or None. None when there is none to start."""
+    todo = [
+        (n, r)
+        for n, r in created.items()
+        if isinstance(r, str) and r not in launcher.gpu_cids and (every or launcher.has_oncreate(r))
+    ]
+    if not todo:
+        return None
 
     def run() -> dict[str, LaunchError | None]:
         return dict(zip([n for n, _ in todo], parallel(lambda t: launcher.start(t[1]), todo), strict=True))

@@ -7,11 +7,18 @@ GPU nodes: capacity picks the node's GPUs (one model), the host's discovery
 (gpu/host.py) says how to give them (wiring: NVIDIA runtime, CDI or device nodes plus
 the driver's files), the node registers with `Gres=gpu:<model>:N`, and the
 controller's gres.conf gets its lines, with `scontrol reconfigure`, before its slurmd
-starts (cluster/gpunodes.py)."""
+starts (cluster/gpunodes.py).
+
+Lifecycle scripts (LifeCycleConfig): the group's folder and the node's facts go into
+the container with its other files; start() then waits for the script, which the
+node's entry runs before its Slurm daemon (cluster/lifecycle.py), and a failure is the
+node's LaunchError. Both launch paths (hp create, the agent's reconciler) and replace
+start nodes here, so the script runs on every new node the same way."""
 
 from __future__ import annotations
 
 import logging
+import time
 
 from ..docker.views import ContainerSpec
 from ..errors import EngineError, EngineUnavailable, InsufficientCapacity, LaunchError, OperationFailed
@@ -35,7 +42,7 @@ from ..naming import (
 from ..slurm.conf import slurmd_conf
 from ..slurm.model import ONSTART_REASON
 from ..spec.model import InstanceGroup
-from . import capacity, gpunodes, placement
+from . import capacity, gpunodes, lifecycle, placement
 from .context import SLURM_UID, Cluster, parallel
 
 log = logging.getLogger("hp")
@@ -57,11 +64,16 @@ class Launcher:
         # hp's images; with NodePackages, login and compute nodes run the derived ones
         self.images = cluster.env.images.with_packages(images, cluster.spec.packages)
         self._gpu_cids: set[str] = set()  # created GPU nodes: started only once gres.conf is in force
+        self._oncreate: dict[str, tuple[InstanceGroup, str]] = {}  # created nodes with a lifecycle script
 
     @property
     def gpu_cids(self) -> set[str]:
         """GPU nodes created by this launcher (started only once gres.conf is in force)."""
         return set(self._gpu_cids)
+
+    def has_oncreate(self, cid: str) -> bool:
+        """A node created by this launcher whose start runs its group's lifecycle script."""
+        return cid in self._oncreate
 
     @property
     def gres_pending(self) -> bool:
@@ -241,9 +253,15 @@ class Launcher:
             put = {"slurm.key": (c.key(), 0o600, SLURM_UID if group.node_type == "Controller" else 0)}
             put.update(files or {})
             c.p.put_files(cid, "/etc/slurm", put)
+            if group.LifeCycleConfig is not None:
+                c.p.put_files(cid, "/", lifecycle.files(c.spec, group, index, c.controller_host))
+                self._oncreate[cid] = (group, spec.hostname)
         except EngineError as e:
             c.p.remove_container(cid)
             return classify(e, spec.name)
+        except LaunchError as e:  # the group's folder cannot be read any more
+            c.p.remove_container(cid)
+            return e
         return cid
 
     def _is_gpu_node(self, cid: str) -> bool:
@@ -262,6 +280,31 @@ class Launcher:
             )
         try:
             self.c.p.start(cid)
-            return None
         except EngineError as e:  # e.g. a port or device conflict: retry later
             return LaunchError("ContainerStartFailed", str(e)[:300], retryable=True)
+        if cid in self._oncreate:
+            return self._await_oncreate(cid)
+        return None
+
+    def _await_oncreate(self, cid: str) -> LaunchError | None:
+        """Wait for the node's lifecycle script; its exit code and last lines in an event.
+        A failed node's container is removed (the failure is the launch's)."""
+        c = self.c
+        group, node = self._oncreate.pop(cid)
+        lc = group.LifeCycleConfig
+        assert lc is not None
+        t0 = time.monotonic()
+        rc, tail, err = lifecycle.wait_result(c.p, cid, lc)
+        took = time.monotonic() - t0
+        last = " | ".join(tail) if tail else "(no output)"
+        c.store.event(
+            c.name,
+            "Instance",
+            "Error" if err else "Info",
+            f"Lifecycle script {lc.OnCreate} on {node} exited {rc} after {took:.1f} s; last lines: {last[:600]}",
+            group.InstanceGroupName,
+            node=node,
+        )
+        if err is not None:
+            c.p.remove_container(cid)
+        return err

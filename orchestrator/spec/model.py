@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import re
 import reprlib
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import BadInput
+from . import lifecycle, userwork
 from . import names as specnames
-from . import userwork
 from .catalogue import InstanceType
 from .reference import reference_problem
 
@@ -50,6 +51,21 @@ class PlacementConfig(_Model):
     Strategy: Literal["spread", "pack"] | None = None
 
 
+class LifeCycleSpec(_Model):
+    """HyperPod's lifecycle script: OnCreate, a file of the folder SourceS3Uri (here a
+    local folder or a file:// URI; recorded as an absolute path), run as root on each
+    node of the group before its Slurm daemon starts (docs/lifecycle.md).
+    OnCreateTimeout (hp's own): seconds it may take (default 600)."""
+
+    SourceS3Uri: str
+    OnCreate: str
+    OnCreateTimeout: int | None = Field(default=None, strict=True)
+
+    @property
+    def timeout(self) -> int:
+        return self.OnCreateTimeout if self.OnCreateTimeout is not None else lifecycle.TIMEOUT_DEFAULT
+
+
 class InstanceGroup(_Model):
     InstanceGroupName: str
     InstanceType: str
@@ -59,8 +75,8 @@ class InstanceGroup(_Model):
     OnStartDeepHealthChecks: list[Literal["InstanceStress", "InstanceConnectivity"]] = Field(default_factory=list)
     Image: str | None = None  # override of the role's image (lab use: a custom or broken image)
     Placement: PlacementConfig | None = None  # hp's own: hosts and strategy (multi-host)
+    LifeCycleConfig: LifeCycleSpec | None = None
     # accepted for compatibility with HyperPod files, not used
-    LifeCycleConfig: dict[str, Any] | None = None
     ExecutionRole: str | None = None
     ThreadsPerCore: int | None = None
     InstanceStorageConfigs: list[Any] | None = None
@@ -343,20 +359,30 @@ def _semantic_problems(raw: dict[str, Any], catalogue: dict[str, InstanceType], 
 
 
 def validate(
-    raw: object, catalogue: dict[str, InstanceType], *, name: str | None = None, existing: bool = False
+    raw: object,
+    catalogue: dict[str, InstanceType],
+    *,
+    name: str | None = None,
+    existing: bool = False,
+    base: Path | None = None,
 ) -> ClusterSpec:
     """Validate a spec document; raise BadInput listing every problem. `existing`: the
     stored spec of a cluster that exists (the name limits of names.py, newer than some
-    clusters, are not applied: such a cluster must stay readable and deletable)."""
+    clusters, are not applied: such a cluster must stay readable and deletable).
+    `base`: the folder a LifeCycleConfig's relative SourceS3Uri is read from (the spec
+    file's; default: the current folder)."""
     if not isinstance(raw, dict):
         raise BadInput("the spec must be a mapping (YAML or JSON object)", "invalid cluster spec")
     raw = dict(raw)
     if name is not None:
         raw["ClusterName"] = name
+    problems: list[str] = []
     if existing:  # a cluster recorded before the services existed has none of them
         raw.setdefault("Accounting", {"Enabled": False})
         raw.setdefault("Rest", {"Enabled": False})
-    problems: list[str] = []
+        raw = _without_ignored_lifecycle(raw)
+    elif isinstance(raw.get("InstanceGroups"), list):
+        raw["InstanceGroups"], problems = lifecycle.resolve(raw["InstanceGroups"], base or Path.cwd())
     spec = None
     try:
         spec = ClusterSpec.model_validate(raw)
@@ -375,6 +401,22 @@ def validate(
     if problems or spec is None:
         raise BadInput(problems, "invalid cluster spec")
     return spec
+
+
+def _without_ignored_lifecycle(raw: dict[str, Any]) -> dict[str, Any]:
+    """A stored spec from before lifecycle scripts ran (hp accepted and ignored any
+    LifeCycleConfig, s3:// ones too): such a LifeCycleConfig is still ignored."""
+    groups = raw.get("InstanceGroups")
+    if not isinstance(groups, list):
+        return raw
+
+    def ignored(g: object) -> bool:
+        lc = g.get("LifeCycleConfig") if isinstance(g, dict) else None
+        uri = lc.get("SourceS3Uri") if isinstance(lc, dict) else None
+        return lc is not None and not (isinstance(uri, str) and uri.startswith("/"))
+
+    groups = [{k: v for k, v in g.items() if k != "LifeCycleConfig"} if ignored(g) else g for g in groups]
+    return {**raw, "InstanceGroups": groups}
 
 
 def _short(value: object, limit: int = 80) -> str:
@@ -417,10 +459,11 @@ def with_overrides(
     accounting: bool | None = None,
     rest: bool | None = None,
     mounts: list[str] | None = None,
+    base: Path | None = None,
 ) -> ClusterSpec:
     """Validate a spec document with the command line's overrides (--name, --mode,
     --accounting, --rest, --mount: added to the spec's Mounts); BadInput listing every
-    problem, `problems` (found by the caller) included."""
+    problem, `problems` (found by the caller) included. `base`: the spec file's folder (validate)."""
     problems = list(problems or [])
     if isinstance(raw, dict):
         if mounts:
@@ -438,7 +481,7 @@ def with_overrides(
             if MODES[mode]:
                 raw["NodeProvisioningMode"] = MODES[mode]
     try:
-        spec = validate(raw, catalogue, name=name)
+        spec = validate(raw, catalogue, name=name, base=base)
     except BadInput as e:
         problems += e.problems
         spec = None

@@ -132,15 +132,19 @@ def test_wrong_types_and_enum_values():
     assert "NodeRecovery" in t and "InstanceGroups_: unknown key" in t
 
 
-def test_hyperpod_fields_are_accepted():
+def test_hyperpod_fields_are_accepted(tmp_path):
+    (tmp_path / "on_create.sh").write_text("true\n")
     g = group(
         "c",
         "Controller",
-        LifeCycleConfig={"SourceS3Uri": "s3://x", "OnCreate": "on_create.sh"},
+        LifeCycleConfig={"SourceS3Uri": str(tmp_path), "OnCreate": "on_create.sh"},
         ExecutionRole="arn:aws:iam::1:role/x",
         ThreadsPerCore=1,
     )
     assert validate(spec(g, VpcConfig={"Subnets": []}), CAT)
+    # an S3 folder cannot be read here (tests/unit/test_lifecycle.py: the rules)
+    g["LifeCycleConfig"] = {"SourceS3Uri": "s3://x", "OnCreate": "on_create.sh"}
+    assert any("an s3:// URI cannot be read" in p for p in problems(spec(g)))
 
 
 def test_not_a_mapping_and_name_override(tmp_path):

@@ -1,7 +1,7 @@
 """Spec fuzzing (issue 9): generated specs, valid and broken, are
 (a) judged the same by hp's validator (orchestrator.spec.validate) and the JSON Schema
     schemas/cluster-spec.schema.json, except where the schema cannot speak (the gaps
-    listed in orchestrator/specschema.py: catalogue lookups, uniqueness, MinCount vs
+    listed in orchestrator/spec/schema.py: catalogue lookups, uniqueness, MinCount vs
     InstanceCount, name lengths relative to the cluster name): the schema never refuses
     what hp accepts, and every spec hp refuses that the schema accepts is explained by
     a gap;
