@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -158,6 +159,18 @@ def hp(docker_ok: None, tmp_path_factory: pytest.TempPathFactory, request: pytes
             print("\n" + h.diagnose(), file=sys.stderr)
         h.cleanup()
         shutil.rmtree(home, ignore_errors=True)
+
+
+def wait_until(fn: Any, timeout: float, what: str, poll: float = 0.5) -> Any:
+    """fn's first true value within `timeout` s; else an AssertionError with its last one."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}; last: {last!r}")
 
 
 def write_spec(path: Path, doc: dict[str, Any]) -> Path:

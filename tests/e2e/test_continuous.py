@@ -13,18 +13,7 @@ import uuid
 import pytest
 
 from orchestrator.docker.engine import DockerEngine as DockerProvider
-from tests.conftest import small_spec, write_spec
-
-
-def wait_until(fn, timeout: float, what: str, poll: float = 0.5):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}; last: {last!r}")
+from tests.conftest import small_spec, wait_until, write_spec
 
 
 @pytest.fixture

@@ -6,11 +6,10 @@ after a replace and not after a reboot; a failing script is the node's launch fa
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 from orchestrator.docker.engine import DockerEngine as DockerProvider
-from tests.conftest import small_spec, write_spec
+from tests.conftest import small_spec, wait_until, write_spec
 
 # writes a marker (when it ran, to the nanosecond) and what it read of its node's facts;
 # fails with exit 3 on the node named in FAIL_ON (a file of the folder); sleeps 1 s so
@@ -67,17 +66,6 @@ def sackd_start(name: str, node: str) -> float:
 
 def events(hp, name: str) -> list[str]:
     return [e["Description"] for e in hp.json("events", name)["Events"]]
-
-
-def wait_until(fn, timeout: float, what: str, poll: float = 0.5):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}; last: {last!r}")
 
 
 def test_script_runs_on_every_node_before_slurm_with_its_facts_and_again_after_replace(hp, tmp_path):

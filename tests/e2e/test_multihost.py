@@ -190,17 +190,26 @@ def test_a_host_whose_engine_cannot_hand_nodes_dev_fuse_is_refused_until_it_can(
         # the host loses the device later (restarted without it, its images and swarm state kept):
         # create's preflight refuses before anything is streamed or made
         h4 = harness.recreate(4, fuse=False, fresh=False)
+
+        def rejoined() -> bool:  # a host that is up again, as the user's would be: back in the swarm
+            c = harness.client(h4.name)
+            try:
+                return c.info()["Swarm"]["LocalNodeState"] == "active"
+            finally:
+                c.close()
+
+        wait_for("h4 back in the swarm", rejoined, 120, 0.5)
         t0 = time.monotonic()
         r = lab.hp("create", "-f", str(write_spec(tmp_path / "f.json", spec("mhfuse", compute=1))))
         took = time.monotonic() - t0
-        print(f"hp create with h4 without /dev/fuse: exit {r.returncode} in {took:.1f} s")
+        print(f"hp create with h4 without /dev/fuse: exit {r.returncode} in {took:.1f} s: {r.stderr.strip()}")
         assert r.returncode == 2, r.stderr
         assert "host h4 cannot run hp's nodes now" in r.stderr and "/dev/fuse" in r.stderr, r.stderr
         assert "streaming" not in r.stderr  # no node image went to any host
         assert "mhfuse" not in lab.hp("list").stdout
         for i in (1, 2, 3):
             assert lab.labelled(i, "mhfuse") == {"containers": [], "networks": [], "volumes": []}
-        assert took < 30
+        assert took < 30, r.stderr
         lab.hp("hosts", "remove", "h4", check=True)
     finally:
         harness.docker.api.remove_container(h4.name, force=True, v=True)
