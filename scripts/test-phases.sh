@@ -20,7 +20,8 @@ summary() {
 import re, sys
 tot = {"passed": 0, "failed": 0, "skipped": 0, "error": 0}
 for line in open(sys.argv[1], errors="replace"):
-    if re.match(r"^=+ .*\b(passed|failed|error|errors)\b.* in [0-9.]+s", line):
+    # with -v: "==== 68 passed, 1 skipped in 531.29s ====", with -q: "878 passed in 45.32s"
+    if re.match(r"^(=+ )?\d+ (passed|failed|skipped|errors?|deselected)\b.* in [0-9.]+s\b", line):
         for n, k in re.findall(r"(\d+) (passed|failed|skipped|errors?)\b", line):
             tot["error" if k.startswith("error") else k] += int(n)
 print(f"tests: {tot['passed']} passed, {tot['failed'] + tot['error']} failed, {tot['skipped']} skipped")
