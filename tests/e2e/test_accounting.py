@@ -182,17 +182,26 @@ def test_metrics_parse_and_match_sinfo(lab: tuple[Hp, str]) -> None:
 
     h, name = lab
     url = h("metrics", name, check=True).stdout.strip()
-    with urllib.request.urlopen(url, timeout=10) as r:
-        text = r.read().decode()
-    fams = {f.name: f for f in text_string_to_metric_families(text)}
-    nodes: dict[tuple[str, str], float] = {}
-    for s in fams["slurm_nodes"].samples:
-        assert s.labels["cluster"] == name
-        nodes[(s.labels["partition"], s.labels["state"])] = s.value
-    sinfo: dict[tuple[str, str], float] = {}
-    for line in sh(h, name, "sinfo -h -N -o '%N|%R|%T'").splitlines():
-        node, part, state = line.strip().split("|")
-        sinfo[(part, state.lower())] = sinfo.get((part, state.lower()), 0) + 1
+    # compared once no node is completing: a job the module's earlier tests cancelled completes
+    # for up to KillWait (30 s), and sinfo calls IDLE+COMPLETING "completing" where the metrics
+    # say "idle+completing" (a run failed on that, the tests side by side)
+    deadline = time.monotonic() + 60
+    while True:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            text = r.read().decode()
+        fams = {f.name: f for f in text_string_to_metric_families(text)}
+        nodes: dict[tuple[str, str], float] = {}
+        for s in fams["slurm_nodes"].samples:
+            assert s.labels["cluster"] == name
+            nodes[(s.labels["partition"], s.labels["state"])] = s.value
+        sinfo: dict[tuple[str, str], float] = {}
+        for line in sh(h, name, "sinfo -h -N -o '%N|%R|%T'").splitlines():
+            node, part, state = line.strip().split("|")
+            sinfo[(part, state.lower())] = sinfo.get((part, state.lower()), 0) + 1
+        completing = any("completing" in st for _, st in [*nodes, *sinfo])
+        if nodes == sinfo or not completing or time.monotonic() > deadline:
+            break
+        time.sleep(1)
     assert nodes == sinfo, (nodes, sinfo)
     phases = {(s.labels["group"], s.labels["phase"]): s.value for s in fams["hp_nodes"].samples}
     assert phases[("cpu", "Running")] == 2 and phases[("controller", "Running")] == 1
