@@ -25,7 +25,7 @@ if have systemctl && systemctl is-system-running >/dev/null 2>&1; then
 fi
 if ! [ -S /var/run/docker.sock ] || ! curl -s --unix-socket /var/run/docker.sock http://localhost/_ping >/dev/null 2>&1; then
   echo "starting dockerd (log: /tmp/dockerd.log) ..." >&2
-  $SUDO setsid dockerd >/tmp/dockerd.log 2>&1 < /dev/null &
+  $SUDO setsid dockerd >>/tmp/dockerd.log 2>&1 < /dev/null &
 fi
 for _ in $(seq 60); do
   if curl -s --unix-socket /var/run/docker.sock http://localhost/_ping 2>/dev/null | grep -q OK; then

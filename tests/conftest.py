@@ -7,9 +7,12 @@ network and volume labelled for them) even when the test fails.
 
 from __future__ import annotations
 
+import collections
+import glob
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -211,6 +214,46 @@ def small_spec(
     return {"ClusterName": name, "InstanceGroups": igs, **top}
 
 
+def _engine_report(tr: Any) -> None:
+    """After failures, the local engine's state: does it answer a network list (the call
+    a wedged Docker 20.10 stops answering), what is left by role, and, when it is stuck,
+    where its goroutines wait (SIGUSR1 makes dockerd write them) and its log's last errors."""
+    import docker
+
+    tr.write_sep("=", "the local Docker engine after the run")
+    t0 = time.monotonic()
+    try:
+        c = docker.APIClient(timeout=20)
+        c.networks()
+        tr.write_line(f"network list answered in {time.monotonic() - t0:.1f} s")
+        roles = collections.Counter((x.get("Labels") or {}).get("io.hp.role", "-") for x in c.containers(all=True))
+        tr.write_line(f"containers left by io.hp.role: {dict(roles) or 'none'}")
+        return
+    except Exception as e:  # noqa: BLE001
+        tr.write_line(f"network list: no answer in {time.monotonic() - t0:.1f} s ({str(e)[:160]})")
+    pid = subprocess.run(["pgrep", "-xo", "dockerd"], capture_output=True, text=True).stdout.strip()
+    if pid:
+        os.kill(int(pid), signal.SIGUSR1)
+        time.sleep(2)
+        dumps = sorted(glob.glob("/var/run/docker/goroutine-stacks-*.log"))
+        if dumps:
+            text = Path(dumps[-1]).read_text(errors="replace")
+            waits = collections.Counter()
+            for block in text.split("\n\n"):
+                lines = block.splitlines()
+                if lines and "minutes]" in lines[0] and len(lines) > 2:
+                    frame = next((ln for ln in lines[1:] if "sync." not in ln and "runtime." not in ln), lines[1])
+                    waits[frame.split("(")[0].strip()] += 1
+            tr.write_line(f"{dumps[-1]}: goroutines waiting for minutes, by first own frame:")
+            for frame, n in waits.most_common(12):
+                tr.write_line(f"    {n:4d}  {frame[:200]}")
+    log = Path("/tmp/dockerd.log")
+    if log.exists():
+        errs = [ln for ln in log.read_text(errors="replace").splitlines() if "level=error" in ln or "level=warn" in ln]
+        for ln in errs[-10:]:
+            tr.write_line(f"    {ln[:240]}")
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     """At the very end, the fault suite's figures and a few lines per failed test (its `E`
@@ -230,6 +273,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     failed = terminalreporter.stats.get("failed", []) + terminalreporter.stats.get("error", [])
     if not failed:
         return
+    _engine_report(terminalreporter)
     terminalreporter.write_sep("=", f"why each of {len(failed)} failed (E lines)")
     for rep in failed:
         e_lines = [ln[2:].strip() for ln in rep.longreprtext.splitlines() if ln.startswith("E ")]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import os
 import tarfile
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -69,6 +70,10 @@ def _not_paused(e: EngineError) -> bool:
     a blind thaw): Docker 20.10 says 500 "... is not paused" (or, once its cgroup was
     thawed under it, runc's "container not paused"), later engines 409."""
     return e.status == 409 or (e.status == 500 and "not paused" in str(e))
+
+
+# set while this thread runs a thaw helper (DockerEngine._thaw_cgroup): no thaw nests in it
+_THAWING = threading.local()
 
 
 class _Stuck(Exception):
@@ -455,6 +460,11 @@ class DockerEngine:
             api._raise_for_status(res)
 
     def _thaw_cgroup(self, container: str) -> None:
+        """One helper container, never nested: the helper itself is removed without a thaw
+        (a slow engine times out its removal too, and a thaw of the helper would start
+        another helper, and so on: a CI run once left 306 of them, the engine wedged)."""
+        if getattr(_THAWING, "active", False):
+            raise EngineError(f"unpause {container}: the engine does not answer (not thawed: a thaw is under way)")
         with _errors(f"find {container}"):
             found = [
                 c
@@ -465,7 +475,21 @@ class DockerEngine:
         if not found:
             raise ObjectMissing(f"unpause {container}: no such container")
         cid, image = found[0]["Id"], found[0]["Image"]
-        r = self.run_once(
+        if (found[0].get("Labels") or {}).get(L_ROLE) == "thaw":
+            raise EngineError(f"unpause {container}: a thaw helper is never thawed itself")
+        _THAWING.active = True
+        try:
+            r = self._run_thaw(cid, image)
+        finally:
+            _THAWING.active = False
+        if r.exit_code != 0:
+            raise EngineError(
+                f"unpause {container}: the engine does not answer (an exec stuck in the frozen container) "
+                f"and its freezer cgroup could not be thawed: {r.output.strip()[-300:]}"
+            )
+
+    def _run_thaw(self, cid: str, image: str) -> ExecResult:
+        return self.run_once(
             ContainerSpec(
                 name=f"hp-thaw-{cid[:12]}",
                 image=image,
@@ -477,11 +501,6 @@ class DockerEngine:
             ),
             timeout=60,
         )
-        if r.exit_code != 0:
-            raise EngineError(
-                f"unpause {container}: the engine does not answer (an exec stuck in the frozen container) "
-                f"and its freezer cgroup could not be thawed: {r.output.strip()[-300:]}"
-            )
 
     def kill(self, container: str) -> None:
         try:
@@ -496,7 +515,7 @@ class DockerEngine:
             with _ignore_missing(), _errors(f"remove {container}"):
                 self.api.remove_container(container, force=True, v=False)
         except EngineError as e:
-            if "timed out" not in str(e).lower():
+            if "timed out" not in str(e).lower() or getattr(_THAWING, "active", False):
                 raise
             self.unfreeze(container)  # wedged frozen (see unfreeze): answers nothing until thawed
             with _ignore_missing(), _errors(f"remove {container}"):

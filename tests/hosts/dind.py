@@ -183,6 +183,10 @@ class Harness:
 
     def _start_one(self, i: int, fuse: bool = True, fresh: bool = True) -> Host:
         name = self.host_name(i)
+        try:  # a host of this name left by a run that was stopped before its cleanup
+            self.docker.api.remove_container(name, force=True, v=True)
+        except NotFound:
+            pass
         sd = self.sock_root / name
         sd.mkdir(parents=True, exist_ok=True)
         (sd / "docker.sock").unlink(missing_ok=True)
@@ -234,10 +238,6 @@ class Harness:
         time: a fresh engine, or (`fresh` False) the same engine state, its images and
         swarm membership kept (the machine rebooted without the fuse module)."""
         self._hosts.pop(self.host_name(i), None)
-        try:
-            self.docker.api.remove_container(self.host_name(i), force=True, v=True)
-        except NotFound:
-            pass
         return self._start_one(i, fuse, fresh)
 
     def kill(self, name: str) -> None:

@@ -495,6 +495,36 @@ def test_a_container_wedged_frozen_is_thawed_through_its_cgroup_then_restarted()
     assert "could not be thawed" in str(ei.value) and "no writable freezer cgroup" in str(ei.value)
 
 
+def test_a_slow_engine_gets_one_thaw_helper_never_a_chain_of_them() -> None:
+    """An engine that times out every removal and unpause (a CI run's engine under load): the
+    removal tries one thaw, the helper's own removal times out too and is not thawed in turn
+    (a helper for the helper, for that helper...: one run left 306 of them)."""
+
+    def timeout(*_: Any, **__: Any) -> Any:
+        raise requests.exceptions.ReadTimeout("Read timed out. (read timeout=60)")
+
+    full = "4e6afb1515e2b6f8ea0c8365968dbb0b1eb482302dcd8b12c53b7033c457b810"
+    listed = [{"Id": full, "Image": "hp-worker:abc", "Names": ["/hp-x-cpu-1"], "Labels": {}}]
+    e, api = engine(
+        _post=timeout,
+        containers=lambda all, filters: listed if filters in ({"id": full}, {"name": full}) else [],
+        create_container={"Id": "h1"},
+        start=None,
+        wait={"StatusCode": 0},
+        logs=b"",
+        remove_container=timeout,
+    )
+    with pytest.raises(EngineError, match="timed out"):
+        e.remove_container(full)
+    assert len(api.called("create_container")) == 1  # one helper, for the node
+    assert [a for a, _ in api.called("remove_container")] == [(full,), ("h1",)]
+    # a thaw helper is never thawed itself
+    listed[0]["Labels"] = {"io.hp.role": "thaw"}
+    with pytest.raises(EngineError, match="never thawed itself"):
+        e.unfreeze(full)
+    assert len(api.called("create_container")) == 1
+
+
 def test_start_restart_kill_remove() -> None:
     e, api = engine(start=None, restart=None, kill=None, remove_container=None, _post=answer("unpause(not paused)"))
     e.start("c1")
