@@ -47,7 +47,7 @@ from orchestrator.docker.views import (
 )
 from orchestrator.errors import EngineError, EngineUnavailable, ObjectMissing, OperationFailed
 from orchestrator.naming import L_CLUSTER, L_MANAGED
-from orchestrator.slurm.model import AccountingPing, AcctJob, JobInfo, SlurmNode
+from orchestrator.slurm.model import AccountingPing, AcctJob, AutoResumeRetry, JobInfo, SlurmNode
 from orchestrator.state.store import Store
 
 _ids = itertools.count(1)
@@ -515,6 +515,9 @@ class FakeSlurm:
         self.pingable: set[str] = set()  # containers (login nodes) from which slurmctld answers
         self.calls: list[tuple[str, tuple[str, ...]]] = []
         self.next_job = 1
+        self.job_nodes: dict[int, tuple[str, ...]] = {}  # running jobs' nodes (note_jobs)
+        self.notes: dict[int, str] = {}  # hp's notes on jobs (AdminComment)
+        self.retries: list[AutoResumeRetry] = []  # srun --auto-resume retries slurmctld knows
 
     def _check(self) -> None:
         if not self.up:
@@ -576,6 +579,18 @@ class FakeSlurm:
                 raise OperationFailed(f"scontrol delete nodename={n}: Node has jobs or is completing (fake)")
         for n in nodes:
             self.nodes_.pop(n, None)
+
+    def note_jobs(self, node: str, note: str) -> list[int]:
+        self._check()
+        jobs = sorted(j for j, info in self.jobs.items() if node in self.job_nodes.get(j, ()))
+        for j in jobs:
+            self.notes[j] = note
+        self.calls.append(("note_jobs", (node, note)))
+        return jobs
+
+    def auto_resume_retries(self) -> list[AutoResumeRetry]:
+        self._check()
+        return list(self.retries)
 
     def reconfigure(self) -> None:
         self._check()

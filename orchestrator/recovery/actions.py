@@ -19,7 +19,7 @@ from ..cluster.launcher import Launcher
 from ..docker.views import Container
 from ..errors import TRANSIENT, BadInput, LaunchError, OperationFailed
 from ..naming import ROLE_BY_NODE_TYPE, node_id, split_node
-from ..slurm.model import ONSTART_REASON, REBOOTING_REASON, SlurmNode
+from ..slurm.model import ONSTART_REASON, REBOOTING_REASON, SlurmNode, job_note
 from ..state.phases import Phase, allowed, owner
 
 POLL_S = 0.2
@@ -108,7 +108,7 @@ def reboot(cluster: Cluster, node: str, reason: str, wait: float = 60.0, keep_dr
             except OperationFailed:
                 pass  # the controller does not answer: the node registers anew
         else:
-            _forget(cluster, t)
+            _forget(cluster, t, f"rebooted: {reason}")
         if t.role == "controller":  # never (re)start slurmctld while slurmdbd is unreachable
             from ..services.accounting import before_controller_start
 
@@ -148,7 +148,7 @@ def replace(cluster: Cluster, node: str, reason: str, wait: float = 60.0, keep_d
     try:
         if t.container is not None:
             cluster.p.remove_container(t.container.id)
-        _forget(cluster, t)
+        _forget(cluster, t, f"replaced: {reason}")
         launcher = Launcher(cluster, _images(cluster, t))
         res = launcher.create_many([(group, t.index)], drain_reason=keep_drained)[node]
         err = res if isinstance(res, LaunchError) else launcher.start(res)
@@ -244,14 +244,16 @@ def _slurm_node(cluster: Cluster, node: str) -> SlurmNode | None:
         return None
 
 
-def _forget(cluster: Cluster, t: Target) -> None:
+def _forget(cluster: Cluster, t: Target, what: str) -> None:
     """Delete a worker's Slurm record before it comes back, so that it registers afresh
     (idle, no stale Action:* reason). Slurm refuses while the node holds jobs: their
     processes died with the container, but Slurm would wait for them for good (a job
     RUNNING past its end, or one COMPLETING on a node killed mid-completion). So the node
     is set DOWN first, which makes Slurm end or requeue them (NODE_FAIL), then deleted;
     if Slurm still refuses, the old record revives on registration (ReturnToService=2)
-    and is resumed (wait_usable: REBOOTING_REASON is hp's)."""
+    and is resumed (wait_usable: REBOOTING_REASON is hp's). Before that, each of those
+    jobs gets hp's note of `what` it did to the node and why (job_note): an `srun
+    --auto-resume` step that runs again says why its node was lost."""
     if t.role != "worker":
         return
     try:
@@ -259,6 +261,10 @@ def _forget(cluster: Cluster, t: Target) -> None:
         return
     except OperationFailed:
         pass
+    try:
+        cluster.slurm.note_jobs(t.node, job_note(t.node, what))
+    except OperationFailed:
+        pass  # a job without hp's note: its retry says the node was lost
     try:
         cluster.slurm.down([t.node], REBOOTING_REASON)
         cluster.slurm.delete([t.node])

@@ -119,6 +119,8 @@ def describe_fact(seen_container: str, snode: SlurmNode | None, exit_code: int |
     if seen_container == "died":
         extra = " (out of memory)" if oom else ""
         return f"container died (exit {exit_code if exit_code is not None else '?'}){extra}"
+    if seen_container == "paused":
+        return "container frozen (paused)"
     if snode is not None:
         return f"Slurm reports {snode.display}" + (f": {snode.reason}" if snode.reason else "")
     return "node failed"

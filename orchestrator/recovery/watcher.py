@@ -37,6 +37,9 @@ from .rules import (
 log = logging.getLogger("hp.watch")
 
 POLL_S = 2.0
+# After hp takes a worker, how long the watcher looks for `srun --auto-resume` retries
+# (each one an event): the plugin's --auto-resume-timeout default, and a margin.
+RETRY_WATCH_S = 660.0
 # Cluster statuses in which the watcher leaves nodes alone: create and delete own them.
 HANDS_OFF_CLUSTER = ("Creating", "Deleting", "RollingBack", "Failed")
 
@@ -66,6 +69,8 @@ class RecoveryWatcher:
         self._oom: set[str] = set()
         self._absent_since: dict[str, float] = {}  # running workers Slurm has no record of
         self._stream: Any = None  # the open Docker event stream, closed on stop
+        self._retries_until = 0.0  # look for auto-resume retries until then (RETRY_WATCH_S)
+        self._retries_seen: set[int] = set()
 
     # -- main loop -----------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
@@ -113,6 +118,9 @@ class RecoveryWatcher:
                 log.info("Slurm of %s did not answer: %s", self.name, e)
         with self._lock:
             self._snodes = snodes
+            watch_retries = answered and at < self._retries_until
+        if watch_retries:
+            self._record_retries()
         recorded = self.env.store.latest_phases(self.name)
         for node in sorted(set(containers) | set(snodes)):
             c = containers.get(node)
@@ -125,6 +133,19 @@ class RecoveryWatcher:
                 why = f"Slurm has no record of it for {LOST_AFTER_S:g} s"
             self.consider(Seen(node, role, cond, scond, at, why), automatic, recorded.get(node))
         return True
+
+    def _record_retries(self) -> None:
+        """Each `srun --auto-resume` retry Slurm shows (the job that grew its job back) once
+        as a Job event."""
+        try:
+            retries = self.cluster.slurm.auto_resume_retries()
+        except TRANSIENT as e:
+            log.info("auto-resume retries of %s: %s", self.name, e)
+            return
+        for r in retries:
+            if r.job_id not in self._retries_seen:
+                self._retries_seen.add(r.job_id)
+                self.env.store.event(self.name, "Job", "Info", r.describe())
 
     def _lost(self, node: str, cond: str, at: float, counts: bool) -> str:
         """A worker's 'absent' becomes 'lost' once it lasted LOST_AFTER_S (`counts`: a
@@ -194,6 +215,9 @@ class RecoveryWatcher:
         log.info("%s: %s (%s)", seen.node, action, seen.why)
 
     def _run_action(self, seen: Seen, action: str) -> None:
+        if seen.role == "worker":  # a step that held it may run again (srun --auto-resume)
+            with self._lock:
+                self._retries_until = time.time() + RETRY_WATCH_S
         try:
             ok = self._act_fn(self.cluster, action, seen.node, seen.why, self.wait)
         except TRANSIENT as e:  # report, back off, keep watching

@@ -14,11 +14,15 @@ from typing import Protocol, runtime_checkable
 from ..docker.provider import Provider
 from ..errors import EngineError, OperationFailed
 from .model import (
+    AUTO_RESUME_JOB,
     AccountingPing,
     AcctJob,
+    AutoResumeRetry,
     JobInfo,
     SlurmNode,
     parse_accounting_ping,
+    parse_auto_resume,
+    parse_job_ids,
     parse_job_states,
     parse_jobs,
     parse_nodes,
@@ -50,6 +54,13 @@ class Slurm(Protocol):
 
     def delete(self, nodes: list[str]) -> None:
         """Remove dynamic nodes' records (Slurm refuses while they hold jobs)."""
+
+    def note_jobs(self, node: str, note: str) -> list[int]:
+        """Write hp's `note` (model.job_note) on every job the node holds (their
+        AdminComment); the job ids."""
+
+    def auto_resume_retries(self) -> list[AutoResumeRetry]:
+        """The retries of `srun --auto-resume` steps slurmctld still knows (MinJobAge)."""
 
     def reconfigure(self) -> None:
         """`scontrol reconfigure`: slurmctld reads its files again (gres.conf, which
@@ -154,6 +165,15 @@ class SlurmCli:
     def delete(self, nodes: list[str]) -> None:
         if nodes:
             self._run("scontrol", "delete", f"nodename={','.join(nodes)}")
+
+    def note_jobs(self, node: str, note: str) -> list[int]:
+        jobs = parse_job_ids(self._run("squeue", "-h", "-w", node, "-o", "%A"))
+        for j in jobs:
+            self._run("scontrol", "update", f"jobid={j}", f"AdminComment={note}")
+        return jobs
+
+    def auto_resume_retries(self) -> list[AutoResumeRetry]:
+        return parse_auto_resume(self._run("squeue", "-h", "-t", "all", "-n", AUTO_RESUME_JOB, "-o", "%i|%k"))
 
     def reconfigure(self, timeout: float = 30.0) -> None:
         import time

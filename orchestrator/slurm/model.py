@@ -23,6 +23,12 @@ REMOVING_REASON = "hp: removing node"  # scale-down / delete-nodes drain
 # ends them (their processes died with the container) instead of waiting for them forever
 REBOOTING_REASON = "hp: node rebooted, its jobs ended"
 DELETING_REASON = "hp delete"  # the whole cluster goes
+# `srun --auto-resume` (images/node/hp_auto_resume.c): hp notes on each job what it did
+# to a node the job held (AdminComment "hp: <node> <what>"); the plugin grows a job that
+# lost a node back with a job of this name, whose comment says what it retries.
+JOB_NOTE_PREFIX = "hp: "
+AUTO_RESUME_JOB = "hp-auto-resume"
+AUTO_RESUME_COMMENT = "hp-auto-resume "
 ACTION_REBOOT = "Action:Reboot"  # an admin's recovery requests (HyperPod's convention)
 ACTION_REPLACE = "Action:Replace"
 # Reasons Slurm itself sets on a node that stops answering or comes back unasked.
@@ -210,6 +216,38 @@ def parse_sacct(text: str) -> list[AcctJob]:
         parts = line.strip().split("|")
         if len(parts) == 3 and parts[0]:
             out.append(AcctJob(parts[0], parts[1].split(" ")[0], parts[2]))
+    return out
+
+
+def job_note(node: str, what: str) -> str:
+    """hp's note on a job that held `node` when hp took it (`what`: "rebooted: <why>")."""
+    return f"{JOB_NOTE_PREFIX}{node} {what}"[:1000]
+
+
+def parse_job_ids(text: str) -> list[int]:
+    """`squeue -h -o %A` lines."""
+    return [int(x) for x in text.split() if x.isdigit()]
+
+
+@dataclass(frozen=True)
+class AutoResumeRetry:
+    """One retry of an `srun --auto-resume` step: the job that grew its job back (its id)
+    and what the plugin wrote in its comment (job, step, lost nodes, attempt, why)."""
+
+    job_id: int
+    what: str
+
+    def describe(self) -> str:
+        return f"srun --auto-resume: {self.what} (job {self.job_id} grew it back)"
+
+
+def parse_auto_resume(text: str) -> list[AutoResumeRetry]:
+    """`squeue -h -t all -n hp-auto-resume -o %i|%k` lines; comments not the plugin's are skipped."""
+    out = []
+    for line in text.splitlines():
+        jid, _, comment = line.strip().partition("|")
+        if jid.isdigit() and comment.startswith(AUTO_RESUME_COMMENT):
+            out.append(AutoResumeRetry(int(jid), comment[len(AUTO_RESUME_COMMENT) :].strip()))
     return out
 
 

@@ -57,6 +57,47 @@ def test_a_worker_that_died_with_jobs_is_set_down_so_slurm_ends_them(w, state):
     assert phase(w, "cpu-1") == "Running" and w.slurm.nodes_["cpu-1"].usable
 
 
+def test_the_jobs_of_a_node_hp_takes_get_hps_note_first(w):
+    """An srun --auto-resume step that runs again says why its node went: hp writes what
+    it did on each job the node held, before Slurm is told the node is down."""
+    from dataclasses import replace
+
+    c = Cluster(w.env, "lab")
+    w.slurm.nodes_["cpu-1"] = replace(w.slurm.nodes_["cpu-1"], state=("ALLOCATED",))
+    w.slurm.jobs[7] = w.slurm.jobs[8] = None
+    w.slurm.job_nodes = {7: ("cpu-1", "cpu-2"), 8: ("cpu-2",)}
+    w.provider.die("lab", "cpu-1")
+    assert actions.reboot(c, "cpu-1", "container died (exit 137)", wait=2)
+    assert w.slurm.notes == {7: "hp: cpu-1 rebooted: container died (exit 137)"}
+    names = [k[0] for k in w.slurm.calls]
+    assert names.index("note_jobs") < names.index("down")
+    # Slurm refusing the note is no reason not to recover the node
+    w.slurm.nodes_["cpu-1"] = replace(w.slurm.nodes_["cpu-1"], state=("ALLOCATED",))
+    w.slurm.note_jobs = lambda node, note: (_ for _ in ()).throw(OperationFailed("refused"))  # type: ignore[method-assign]
+    w.provider.die("lab", "cpu-1")
+    assert actions.replace(c, "cpu-1", "requested through Slurm (Action:Replace)", wait=2)
+
+
+def test_the_watcher_records_each_auto_resume_retry_once_after_it_acted_on_a_worker(w):
+    from orchestrator.slurm.model import AutoResumeRetry
+
+    calls: list = []
+    wt = watcher(w, calls)
+    w.slurm.retries = [AutoResumeRetry(12, "job=11 step=0 lost=cpu-1 attempt=1 of 1: rebooted: container died")]
+    assert wt.poll()  # nothing acted on yet: Slurm is not asked
+    assert not [e for e in w.env.store.events("lab") if e.resource_type == "Job"]
+    w.provider.die("lab", "cpu-1")
+    assert wt.poll() and wt.poll()
+    join(wt)
+    assert wt.poll()
+    jobs = [e.description for e in w.env.store.events("lab") if e.resource_type == "Job"]
+    assert jobs == [
+        "srun --auto-resume: job=11 step=0 lost=cpu-1 attempt=1 of 1: rebooted: container died (job 12 grew it back)"
+    ]
+    w.slurm.up = False  # Slurm not answering: no event, no error
+    assert wt.poll()
+
+
 def test_reboot_keeping_the_node_drained_for_a_health_check(w):
     c = Cluster(w.env, "lab")
     assert actions.reboot(c, "cpu-2", "check failed", wait=2, keep_drained="hp-health:hc-1:InstanceStress")

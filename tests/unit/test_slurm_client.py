@@ -363,3 +363,25 @@ def test_a_slurm_command_that_hangs_is_cut_off_and_fails() -> None:
         s.nodes()
     assert s.ping() is False
     assert p.bounds == [30, 10]
+
+
+def test_note_jobs_and_auto_resume_retries_one_argument_each() -> None:
+    from orchestrator.slurm.model import AutoResumeRetry, job_note
+
+    def answer(c: str, cmd: list[str]) -> ExecResult:
+        if cmd[0] == "squeue" and "-w" in cmd:
+            return ExecResult(0, "7\n9\n")
+        if cmd[0] == "squeue":
+            return ExecResult(0, "12|hp-auto-resume job=7 step=0 lost=cpu-2 attempt=1 of 1: why\n13|someone's\n")
+        return ExecResult(0, "")
+
+    s, p = slurm(answer)
+    note = job_note("cpu-2", "rebooted: container died; rm -rf /")
+    assert s.note_jobs("cpu-2", note) == [7, 9]
+    assert [cmd for _, cmd, _ in p.execs][:3] == [
+        ["squeue", "-h", "-w", "cpu-2", "-o", "%A"],
+        ["scontrol", "update", "jobid=7", "AdminComment=hp: cpu-2 rebooted: container died; rm -rf /"],
+        ["scontrol", "update", "jobid=9", "AdminComment=hp: cpu-2 rebooted: container died; rm -rf /"],
+    ]
+    assert s.auto_resume_retries() == [AutoResumeRetry(12, "job=7 step=0 lost=cpu-2 attempt=1 of 1: why")]
+    assert p.execs[-1][1] == ["squeue", "-h", "-t", "all", "-n", "hp-auto-resume", "-o", "%i|%k"]
