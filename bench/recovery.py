@@ -1,10 +1,13 @@
-"""Time from `docker kill` of a worker to that node idle in Slurm again, 3 times; prints the median.
+"""Time from `docker kill` of a worker to that node idle in Slurm again (kill-to-idle),
+and from `docker kill` of a node of a running `srun --auto-resume=1 -N2` step to the
+retried step's first line (kill-to-retry), 3 times each; prints the medians and the
+target (kill-to-retry within 2x kill-to-idle).
 
     .venv/bin/python bench/recovery.py [--runs 3]
 
-Makes its own cluster (controller + 1 cpu.nano worker) under a private HP_HOME; the
-per-cluster agent started by `hp create` runs the recovery watcher. Removes everything
-at the end, also on failure.
+Makes its own cluster (controller, login, 2 cpu.small workers) under a private HP_HOME;
+the per-cluster agent started by `hp create` runs the recovery watcher. Removes
+everything at the end, also on failure.
 """
 
 from __future__ import annotations
@@ -58,6 +61,68 @@ def back_idle(name: str, started: str, timeout: float = 60) -> None:
     raise SystemExit(f"cpu-1 of {name} did not come back within {timeout:g} s")
 
 
+TRAIN = """#!/bin/bash
+ck=$HOME/ck-$SLURM_JOB_ID
+if [ "$SLURM_PROCID" = 0 ]; then
+  i=$(cat "$ck" 2>/dev/null || echo 0)
+  echo "start attempt=${HP_AUTO_RESUME_ATTEMPT:-0} at=$(date +%s.%N)"
+  while [ "$i" -lt 30 ]; do i=$((i+1)); echo "$i" > "$ck"; sleep 1; done
+else
+  while [ "$(cat "$ck" 2>/dev/null || echo 0)" -lt 30 ]; do sleep 0.5; done
+fi
+"""
+JOB = "#!/bin/bash\n#SBATCH -N2 -o /home/hpuser/bench-%j.out\nsrun --auto-resume=1 -N2 bash /home/hpuser/train.sh\n"
+
+
+def as_user(name: str, *cmd: str, stdin: str | None = None) -> str:
+    r = subprocess.run(
+        ["docker", "exec", "-i", "-u", "hpuser", "-w", "/home/hpuser", f"hp-{name}-login-1", *cmd],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if r.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)}: {r.stdout}{r.stderr}")
+    return r.stdout
+
+
+def idle(name: str, node: str) -> bool:
+    r = subprocess.run(
+        ["docker", "exec", f"hp-{name}-controller-1", "sinfo", "-h", "-n", node, "-o", "%t"],
+        capture_output=True,
+        text=True,
+    )
+    return r.returncode == 0 and r.stdout.strip() == "idle"
+
+
+def kill_to_retry(name: str, timeout: float = 120) -> tuple[float, float]:
+    """Seconds from `docker kill` of the step's second node to the retried step's first
+    line, and to that node idle again (before the retry's job takes it)."""
+    job = as_user(name, "sbatch", "--parsable", "/home/hpuser/job.sh").strip().split(";")[0]
+    t0 = time.monotonic()
+    while as_user(name, "bash", "-c", f"cat ck-{job} 2>/dev/null || echo 0").strip() in ("0", "1"):
+        if time.monotonic() - t0 > 60:
+            raise SystemExit(f"job {job} did not start")
+        time.sleep(0.2)
+    nodes, batch = as_user(name, "squeue", "-h", "-j", job, "-o", "%N %B").split()
+    other = next(h for h in as_user(name, "scontrol", "show", "hostnames", nodes).split() if h != batch)
+    t_kill = time.time()
+    docker("kill", f"hp-{name}-{other}")
+    node_idle = None
+    while time.monotonic() - t0 < timeout:
+        if node_idle is None and idle(name, other):
+            node_idle = time.time() - t_kill
+        out = as_user(name, "bash", "-c", f"cat bench-{job}.out 2>/dev/null || true")
+        for line in out.splitlines():
+            if line.startswith("start attempt=1 "):
+                took = float(line.split("at=")[1]) - t_kill
+                as_user(name, "scancel", job)
+                return took, node_idle if node_idle is not None else float("nan")
+        time.sleep(0.05)
+    raise SystemExit(f"job {job}'s step was not retried within {timeout:g} s")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3)
@@ -75,9 +140,15 @@ def main() -> int:
                 "SlurmConfig": {"NodeType": "Controller"},
             },
             {
-                "InstanceGroupName": "cpu",
+                "InstanceGroupName": "login",
                 "InstanceType": "cpu.nano",
                 "InstanceCount": 1,
+                "SlurmConfig": {"NodeType": "Login"},
+            },
+            {
+                "InstanceGroupName": "cpu",
+                "InstanceType": "cpu.small",  # the step's srun supervises from a worker: not a 0.05-CPU one
+                "InstanceCount": 2,
                 "SlurmConfig": {"NodeType": "Compute", "PartitionNames": ["cpu"]},
             },
         ],
@@ -98,7 +169,28 @@ def main() -> int:
             times.append(time.monotonic() - t0)
             print(f"run {i + 1}: docker kill -> idle in Slurm in {times[-1]:.2f} s", flush=True)
             time.sleep(1)
-        print(f"median over {len(times)} runs: {statistics.median(times):.2f} s (target <= 10 s)")
+        idle_s = statistics.median(times)
+        print(f"kill-to-idle, median over {len(times)} runs: {idle_s:.2f} s (target <= 10 s)")
+        as_user(name, "bash", "-c", "cat > train.sh", stdin=TRAIN)
+        as_user(name, "bash", "-c", "cat > job.sh", stdin=JOB)
+        retries, busy_idle = [], []
+        for i in range(args.runs):
+            took, back = kill_to_retry(name)
+            retries.append(took)
+            busy_idle.append(back)
+            print(
+                f"run {i + 1}: docker kill of a node mid-step -> that node idle in {back:.2f} s, "
+                f"the retried step's first line in {took:.2f} s"
+            )
+            time.sleep(2)
+        retry, held = statistics.median(retries), statistics.median(busy_idle)
+        print(f"kill-to-idle of a node that held a step, median: {held:.2f} s")
+        for what, base in (("an idle node's", idle_s), ("the step's node's", held)):
+            verdict = "pass" if retry <= 2 * base else "FAIL"
+            print(
+                f"kill-to-retry, median over {len(retries)} runs: {retry:.2f} s = {retry / base:.2f}x "
+                f"{what} kill-to-idle (target <= 2x): {verdict}"
+            )
         return 0
     finally:
         hp(env, "delete", name)

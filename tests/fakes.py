@@ -580,13 +580,15 @@ class FakeSlurm:
         for n in nodes:
             self.nodes_.pop(n, None)
 
-    def note_jobs(self, node: str, note: str) -> list[int]:
+    def jobs_on(self, node: str) -> list[int]:
         self._check()
-        jobs = sorted(j for j, info in self.jobs.items() if node in self.job_nodes.get(j, ()))
+        return sorted(j for j in self.jobs if node in self.job_nodes.get(j, ()))
+
+    def note_jobs(self, jobs: list[int], note: str) -> None:
+        self._check()
         for j in jobs:
             self.notes[j] = note
-        self.calls.append(("note_jobs", (node, note)))
-        return jobs
+        self.calls.append(("note_jobs", tuple(map(str, jobs))))
 
     def auto_resume_retries(self) -> list[AutoResumeRetry]:
         self._check()

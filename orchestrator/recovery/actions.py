@@ -251,9 +251,9 @@ def _forget(cluster: Cluster, t: Target, what: str) -> None:
     RUNNING past its end, or one COMPLETING on a node killed mid-completion). So the node
     is set DOWN first, which makes Slurm end or requeue them (NODE_FAIL), then deleted;
     if Slurm still refuses, the old record revives on registration (ReturnToService=2)
-    and is resumed (wait_usable: REBOOTING_REASON is hp's). Before that, each of those
-    jobs gets hp's note of `what` it did to the node and why (job_note): an `srun
-    --auto-resume` step that runs again says why its node was lost."""
+    and is resumed (wait_usable: REBOOTING_REASON is hp's). Each of those jobs gets hp's
+    note of `what` it did to the node and why (job_note): an `srun --auto-resume` step
+    that runs again says why its node was lost."""
     if t.role != "worker":
         return
     try:
@@ -262,11 +262,16 @@ def _forget(cluster: Cluster, t: Target, what: str) -> None:
     except OperationFailed:
         pass
     try:
-        cluster.slurm.note_jobs(t.node, job_note(t.node, what))
+        jobs = cluster.slurm.jobs_on(t.node)  # before DOWN takes the node out of them
     except OperationFailed:
-        pass  # a job without hp's note: its retry says the node was lost
+        jobs = []
     try:
         cluster.slurm.down([t.node], REBOOTING_REASON)
+        if jobs:  # after DOWN, so that the steps on it end first; read once their srun ended
+            try:
+                cluster.slurm.note_jobs(jobs, job_note(t.node, what))
+            except OperationFailed:
+                pass  # a job without hp's note: its retry says the node was lost
         cluster.slurm.delete([t.node])
     except OperationFailed:
         pass

@@ -55,9 +55,11 @@ class Slurm(Protocol):
     def delete(self, nodes: list[str]) -> None:
         """Remove dynamic nodes' records (Slurm refuses while they hold jobs)."""
 
-    def note_jobs(self, node: str, note: str) -> list[int]:
-        """Write hp's `note` (model.job_note) on every job the node holds (their
-        AdminComment); the job ids."""
+    def jobs_on(self, node: str) -> list[int]:
+        """The jobs a node holds."""
+
+    def note_jobs(self, jobs: list[int], note: str) -> None:
+        """Write hp's `note` (model.job_note) on the jobs (their AdminComment)."""
 
     def auto_resume_retries(self) -> list[AutoResumeRetry]:
         """The retries of `srun --auto-resume` steps slurmctld still knows (MinJobAge)."""
@@ -166,11 +168,12 @@ class SlurmCli:
         if nodes:
             self._run("scontrol", "delete", f"nodename={','.join(nodes)}")
 
-    def note_jobs(self, node: str, note: str) -> list[int]:
-        jobs = parse_job_ids(self._run("squeue", "-h", "-w", node, "-o", "%A"))
+    def jobs_on(self, node: str) -> list[int]:
+        return parse_job_ids(self._run("squeue", "-h", "-w", node, "-o", "%A"))
+
+    def note_jobs(self, jobs: list[int], note: str) -> None:
         for j in jobs:
-            self._run("scontrol", "update", f"jobid={j}", f"AdminComment={note}")
-        return jobs
+            self._run("scontrol", "update", f"jobid={int(j)}", f"AdminComment={note}")
 
     def auto_resume_retries(self) -> list[AutoResumeRetry]:
         return parse_auto_resume(self._run("squeue", "-h", "-t", "all", "-n", AUTO_RESUME_JOB, "-o", "%i|%k"))

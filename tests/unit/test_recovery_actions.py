@@ -59,7 +59,7 @@ def test_a_worker_that_died_with_jobs_is_set_down_so_slurm_ends_them(w, state):
 
 def test_the_jobs_of_a_node_hp_takes_get_hps_note_first(w):
     """An srun --auto-resume step that runs again says why its node went: hp writes what
-    it did on each job the node held, before Slurm is told the node is down."""
+    it did on each job the node held (found before Slurm is told the node is down)."""
     from dataclasses import replace
 
     c = Cluster(w.env, "lab")
@@ -70,10 +70,10 @@ def test_the_jobs_of_a_node_hp_takes_get_hps_note_first(w):
     assert actions.reboot(c, "cpu-1", "container died (exit 137)", wait=2)
     assert w.slurm.notes == {7: "hp: cpu-1 rebooted: container died (exit 137)"}
     names = [k[0] for k in w.slurm.calls]
-    assert names.index("note_jobs") < names.index("down")
+    assert names.index("down") < names.index("note_jobs")  # the node out of its jobs first
     # Slurm refusing the note is no reason not to recover the node
     w.slurm.nodes_["cpu-1"] = replace(w.slurm.nodes_["cpu-1"], state=("ALLOCATED",))
-    w.slurm.note_jobs = lambda node, note: (_ for _ in ()).throw(OperationFailed("refused"))  # type: ignore[method-assign]
+    w.slurm.note_jobs = lambda jobs, note: (_ for _ in ()).throw(OperationFailed("refused"))  # type: ignore[method-assign]
     w.provider.die("lab", "cpu-1")
     assert actions.replace(c, "cpu-1", "requested through Slurm (Action:Replace)", wait=2)
 

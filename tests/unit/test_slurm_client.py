@@ -377,7 +377,8 @@ def test_note_jobs_and_auto_resume_retries_one_argument_each() -> None:
 
     s, p = slurm(answer)
     note = job_note("cpu-2", "rebooted: container died; rm -rf /")
-    assert s.note_jobs("cpu-2", note) == [7, 9]
+    assert s.jobs_on("cpu-2") == [7, 9]
+    s.note_jobs([7, 9], note)
     assert [cmd for _, cmd, _ in p.execs][:3] == [
         ["squeue", "-h", "-w", "cpu-2", "-o", "%A"],
         ["scontrol", "update", "jobid=7", "AdminComment=hp: cpu-2 rebooted: container died; rm -rf /"],

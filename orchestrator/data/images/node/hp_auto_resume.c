@@ -241,22 +241,28 @@ static int job_now(const char *jobid, struct job *j)
 	return 0;
 }
 
-/* Nodes in `before` that are not in `after` (hostlists), space separated, into lost. */
+/* A hostlist (cpu-[1-2]) as names, one a line, into out. */
+static int hostnames(const char *list, char *out, size_t len)
+{
+	char *argv[] = { "scontrol", "show", "hostnames", (char *) list, NULL };
+
+	out[0] = '\0';
+	if (!*list || !strcmp(list, "(null)"))
+		return 0;
+	return run(argv, out, len, 0, 30, NULL, NULL) == 0 ? 0 : -1;
+}
+
+/* Names in `before` (one a line) that are not in the hostlist `after`, space separated. */
 static int lost_nodes(const char *before, const char *after, char *lost, size_t len)
 {
 	char b[OUT_MAX], a[OUT_MAX];
-	char *argv_b[] = { "scontrol", "show", "hostnames", (char *) before, NULL };
-	char *argv_a[] = { "scontrol", "show", "hostnames", (char *) after, NULL };
 	char *s, *save = NULL;
 	int n = 0;
 
 	lost[0] = '\0';
-	if (run(argv_b, b, sizeof(b), 0, 30, NULL, NULL) != 0)
+	snprintf(b, sizeof(b), "%s", before);
+	if (hostnames(after, a, sizeof(a)))
 		return -1;
-	if (*after && strcmp(after, "(null)") && run(argv_a, a, sizeof(a), 0, 30, NULL, NULL) != 0)
-		return -1;
-	if (!*after || !strcmp(after, "(null)"))
-		a[0] = '\0';
 	for (s = strtok_r(b, "\n", &save); s; s = strtok_r(NULL, "\n", &save)) {
 		char *hit = strstr(a, s);
 		size_t k = strlen(s);
@@ -522,10 +528,11 @@ static void supervise(void)
 	sigprocmask(SIG_UNBLOCK, &fwd, NULL);
 
 	for (;;) {
-		char step[32], lost[4096], why[512], first[256], note[1024];
+		char step[32], lost[4096], why[512], first[256], note[1024], names[OUT_MAX];
 		double t_end;
 
-		if (job_now(jobid, &before)) {
+		/* the job's nodes, by name, before the step: not on the path of a retry */
+		if (job_now(jobid, &before) || hostnames(before.nodelist, names, sizeof(names))) {
 			slurm_error("hp: --auto-resume: squeue does not answer for job %s; the step runs once", jobid);
 			before.nodes = -1;
 		}
@@ -534,7 +541,7 @@ static void supervise(void)
 			_exit(rc);
 		t_end = now_s();
 		if (job_now(jobid, &after) || after.nodes >= before.nodes ||
-		    lost_nodes(before.nodelist, after.nodelist, lost, sizeof(lost)) <= 0)
+		    lost_nodes(names, after.nodelist, lost, sizeof(lost)) <= 0)
 			_exit(rc); /* every node still in the job: the program's own failure */
 		snprintf(first, sizeof(first), "%.*s", (int) strcspn(lost, " "), lost);
 		node_reason(jobid, first, why, sizeof(why));
