@@ -153,14 +153,15 @@ def create(env: Env, spec: ClusterSpec, opts: CreateOptions, progress: Progress 
         from ..health.gpucheck import thresholds_checked
 
         thresholds_checked()  # a bad thresholds file is bad input: refused before anything is made
+    if env.multihost:  # a host that cannot run the nodes is refused before any image is built
+        progress.stage("hosts", "probing what nodes need on every host")
+        if problems := host_problems(env, lambda s: progress.stage("hosts", s)):
+            raise BadInput(problems, "cannot create")
     progress.stage("images", "checking node images")
     images = env.images.build(image_defs(spec, env.catalogue, env.multihost), log=lambda s: progress.stage("images", s))
     # NodePackages: the login and compute images derived from hp's (the Launcher runs them)
     derived = env.images.build_packages(images, spec.packages, log=lambda s: progress.stage("images", s))
     if env.multihost:
-        progress.stage("hosts", "probing what nodes need on every host")
-        if problems := host_problems(env, lambda s: progress.stage("hosts", s)):
-            raise BadInput(problems, "cannot create")
         progress.stage("images", "on every host")
         # with the base image's tag (its layers travel anyway): GPU discovery probes in it
         refs = sorted(set(images.values()) | set(derived.values()) | {env.images.base(make=False)[0]})

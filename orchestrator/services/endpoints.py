@@ -15,6 +15,7 @@ from ..errors import EngineError, OperationFailed
 from ..naming import network_name, service_container
 from ..state.store import Store
 from .accounting import REST_PORT, jwt_key
+from .front import UPSTREAM_TIMEOUT, Front
 
 log = logging.getLogger("hp.agent")
 
@@ -64,6 +65,15 @@ def wait_url(store: Store, name: str, kind: str, timeout: float = 15.0) -> str:
     return u
 
 
+# In slurmrestd's container: the request from stdin to slurmrestd, then its answer (the
+# request says Connection: close) to stdout; bounded by the front's own upstream timeout.
+REST_RELAY = [
+    "bash",
+    "-c",
+    f"exec 3<>/dev/tcp/127.0.0.1/{REST_PORT} && cat >&3 && exec timeout {UPSTREAM_TIMEOUT:g} cat <&3",
+]
+
+
 class Endpoints:
     """Started by the agent: the servers, on daemon threads."""
 
@@ -94,20 +104,27 @@ class Endpoints:
         reg = registry(self.cluster)
         self._bind("metrics", lambda port: start_http_server(port, addr="127.0.0.1", registry=reg)[0])
         if self.cluster.spec.rest:
-            from .front import Front
-
-            front = self._bind("rest", lambda port: Front(port, lambda: jwt_key(self.cluster), self.upstream))
+            tunnel = self.tunnel if self.cluster.multihost else None
+            front = self._bind("rest", lambda port: Front(port, lambda: jwt_key(self.cluster), self.upstream, tunnel))
             front.serve_in_thread()
         log.info("endpoints: %s", ", ".join(f"{k} {url(self.env.store, self.name, k)}" for k in KINDS))
+
+    def tunnel(self, request: bytes) -> bytes:
+        """With registered hosts: the swarm overlay's addresses are not routed to this host,
+        so one HTTP exchange goes through an exec in slurmrestd's container (on whichever
+        host it runs), relayed there to slurmrestd on loopback. Its port stays published
+        nowhere."""
+        try:
+            res = self.env.provider.exec(service_container(self.name, "rest"), REST_RELAY, stdin=request)
+        except EngineError as e:
+            raise ConnectionError(f"slurmrestd's container: {e}") from None
+        if res.exit_code != 0 and not res.output:
+            raise ConnectionError(f"slurmrestd does not answer in its container (exit {res.exit_code})")
+        return res.output.encode()  # slurmrestd answers UTF-8 JSON
 
     def upstream(self, again: bool) -> tuple[str, int]:
         """slurmrestd's address on the cluster's network (looked up in Docker, then kept):
         its port is published nowhere, so the front is the only way in from the host."""
-        if self.cluster.multihost:  # the swarm overlay's addresses are not routed to this host
-            raise ConnectionError(
-                "with registered hosts slurmrestd is on the cluster's overlay network, which this host cannot "
-                "reach: REST across hosts is not supported yet"
-            )
         if self._upstream is None or again:
             try:
                 d = self.env.provider.inspect(service_container(self.name, "rest"))

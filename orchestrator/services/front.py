@@ -3,8 +3,10 @@
 the cluster's key and not expired: a missing, malformed, forged or expired token gets
 401 with a JSON body and nothing else (slurmrestd itself is never asked). A good one is
 passed to slurmrestd (at its address on the cluster's network; its port is published
-nowhere, so this front is the only way in from the host) as it came, and slurmrestd's
-answer (Slurm's own errors as JSON included) is passed back as it came.
+nowhere, so this front is the only way in from the host; with registered hosts, whose
+overlay network this host cannot reach, through a tunnel: an exec in slurmrestd's
+container) as it came, and slurmrestd's answer (Slurm's own errors as JSON included) is
+passed back as it came.
 
 Standard library only (http.server, http.client): the front holds the key, slurmrestd's
 container never does.
@@ -13,6 +15,7 @@ container never does.
 from __future__ import annotations
 
 import http.client
+import io
 import json
 import logging
 import threading
@@ -29,6 +32,19 @@ PROXY_USERS = ("root", "slurm")
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-connection"}
 
 Upstream = Callable[[bool], tuple[str, int]]  # (host, port) of slurmrestd; True: look it up again
+# A whole HTTP exchange with slurmrestd through another channel (with registered hosts:
+# an exec in its container, services/endpoints.py): the request's bytes in, the response's out.
+Tunnel = Callable[[bytes], bytes]
+
+
+class _Recorded:
+    """A finished response's bytes as the socket http.client reads it from."""
+
+    def __init__(self, data: bytes):
+        self._data = data
+
+    def makefile(self, *_: object, **__: object) -> io.BytesIO:
+        return io.BytesIO(self._data)
 
 
 def error_body(status: int, error: str, description: str) -> bytes:
@@ -42,9 +58,10 @@ class Front(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, port: int, key: Callable[[], bytes], upstream: Upstream):
+    def __init__(self, port: int, key: Callable[[], bytes], upstream: Upstream, tunnel: Tunnel | None = None):
         self.key = key
         self.upstream = upstream
+        self.tunnel = tunnel
         super().__init__(("127.0.0.1", port), _Handler)
 
     @property
@@ -111,6 +128,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _forward(self, body: bytes | None, headers: dict[str, str]) -> tuple[int, list[tuple[str, str]], bytes]:
         """Pass the request to slurmrestd (looked up again once when it does not answer:
         its container may have been re-created on another port)."""
+        if self.server.tunnel is not None:
+            return self._through_tunnel(self.server.tunnel, body, headers)
         for again in (False, True):
             conn = None
             try:
@@ -128,5 +147,20 @@ class _Handler(BaseHTTPRequestHandler):
                 if conn is not None:
                     conn.close()
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _through_tunnel(
+        self, tunnel: Tunnel, body: bytes | None, headers: dict[str, str]
+    ) -> tuple[int, list[tuple[str, str]], bytes]:
+        """One request, `Connection: close`, as bytes through the tunnel; its response parsed."""
+        lines = [f"{self.command} {self.path} HTTP/1.1", "Host: slurmrestd", "Connection: close"]
+        lines += [f"{k}: {v}" for k, v in headers.items() if k.lower() != "content-length"]
+        lines.append(f"Content-Length: {len(body or b'')}")
+        raw = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b"")
+        out = tunnel(raw)
+        r = http.client.HTTPResponse(_Recorded(out), method=self.command)  # type: ignore[arg-type]
+        r.begin()
+        payload = r.read()
+        keep = [(k, v) for k, v in r.getheaders() if k.lower() not in HOP_BY_HOP | {"content-length"}]
+        return r.status, keep, payload
 
     do_GET = do_POST = do_DELETE = do_PUT = do_PATCH = do_HEAD = _any

@@ -18,6 +18,8 @@ import json
 import shutil
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -408,6 +410,49 @@ def test_an_encrypted_overlay_is_proven_or_refused_with_the_reason(lab: Lab, tmp
         assert r.returncode == 1 and "carries no traffic" in r.stderr and "IPsec" in r.stderr, r.stderr
         for i in (1, 2, 3):
             assert lab.labelled(i, name) == {"containers": [], "networks": [], "volumes": []}
+
+
+def test_rest_across_hosts_answers_through_the_front_only(lab: Lab, tmp_path: Path) -> None:
+    """With registered hosts slurmrestd runs on the controller's host, on the overlay this
+    host cannot reach: the front relays each request through an exec in its container;
+    no container publishes a port."""
+    name = "mhrest"
+    lab.made.append(name)
+    s = spec(name, compute=1, Rest={"Enabled": True})
+    lab.hp("create", "-f", str(write_spec(tmp_path / "r.json", s)), "--timeout", "240", check=True)
+    url = lab.hp("api", name, check=True).stdout.strip()
+    tok = lab.hp("token", name, "--lifespan", "300", check=True).stdout.strip()
+    t0 = time.monotonic()
+    status, doc = http(f"{url}/slurm/v0.0.42/ping", token=tok)
+    took = time.monotonic() - t0
+    assert status == 200 and doc["pings"][0]["pinged"] == "UP", doc
+    status, doc = http(f"{url}/slurm/v0.0.42/nodes", token=tok)
+    assert status == 200 and {n["name"] for n in doc["nodes"]} == {"cpu-1"}, doc
+    status, doc = http(f"{url}/slurm/v0.0.42/ping")
+    assert status == 401 and doc["errors"][0]["error"] == "missing X-SLURM-USER-TOKEN", doc
+    print(f"\nREST across hosts: ping through the front in {took:.2f} s")
+    for i in (1, 2, 3):
+        c = lab.harness.client(lab.host(i).name)
+        try:
+            f = {"label": f"io.hp.cluster={name}"}
+            published = {x.name: x.ports for x in c.containers.list(filters=f) if any(x.ports.values())}
+        finally:
+            c.close()
+        assert published == {}, published
+    lab.hp("delete", name, check=True)
+    lab.made.remove(name)
+
+
+def http(url: str, method: str = "GET", token: str | None = None) -> tuple[int, Any]:
+    req = urllib.request.Request(url, method=method)
+    req.add_header("X-SLURM-USER-NAME", "hpuser")
+    if token is not None:
+        req.add_header("X-SLURM-USER-TOKEN", token)
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null")
 
 
 def test_delete_leaves_nothing_on_any_host(lab: Lab) -> None:

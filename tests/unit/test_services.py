@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -23,6 +24,7 @@ from orchestrator.docker.views import ExecResult
 from orchestrator.errors import BadInput, EngineError, OperationFailed
 from orchestrator.recovery import actions
 from orchestrator.services import accounting, jwt
+from orchestrator.services.endpoints import REST_RELAY
 from orchestrator.services.front import Front
 from orchestrator.services.metrics import registry
 from orchestrator.services.watch import ServiceWatch
@@ -350,6 +352,34 @@ def test_front_refuses_bad_tokens_with_401_and_never_asks_slurmrestd(front):
     assert status == 200 and [m for m, _, _ in _Upstream.seen] == ["GET", "POST", "DELETE"]
 
 
+def test_front_through_a_tunnel_sends_one_whole_exchange_and_parses_the_answer(front):
+    """With registered hosts the front reaches slurmrestd through an exec in its container:
+    the request's bytes in (Connection: close), the response's bytes out."""
+    f, looked = front
+    host, port = f.upstream(False)
+    sent: list[bytes] = []
+
+    def relay(raw: bytes) -> bytes:  # what REST_RELAY does in the container, over a real socket
+        sent.append(raw)
+        with socket.create_connection((host, port), timeout=5) as s:
+            s.sendall(raw)
+            s.shutdown(socket.SHUT_WR)
+            return b"".join(iter(lambda: s.recv(65536), b""))
+
+    f.tunnel = relay
+    good = jwt.sign(KEY, "hpuser", 60)
+    status, doc, _ = req(f.port, "POST", "/slurm/v0.0.42/job/submit", good, {"job": {"partition": "nope"}})
+    assert status == 500 and doc["errors"][0]["error"] == "Invalid partition name specified"
+    status, doc, _ = req(f.port, "GET", "/slurm/v0.0.42/ping", good)
+    assert status == 200 and doc["path"] == "/slurm/v0.0.42/ping"
+    head = sent[0].split(b"\r\n\r\n")[0].decode()
+    assert head.startswith("POST /slurm/v0.0.42/job/submit HTTP/1.1") and "Connection: close" in head
+    assert good in head and f"Content-Length: {len(json.dumps({'job': {'partition': 'nope'}}))}" in head
+    f.tunnel = lambda raw: (_ for _ in ()).throw(ConnectionError("its container is gone"))
+    status, doc, _ = req(f.port, "GET", "/slurm/v0.0.42/ping", good)
+    assert status == 502 and "its container is gone" in doc["errors"][0]["error"]
+
+
 def test_front_says_502_when_slurmrestd_is_gone(front):
     f, looked = front
     f.upstream = lambda again: ("127.0.0.1", 9)  # nothing listens on the discard port
@@ -487,10 +517,15 @@ def test_endpoints_serve_on_recorded_ports_and_survive_a_restart(tmp_path, monke
         # slurmrestd is asked at its address on the cluster's network, port 6820 (published nowhere)
         w.provider.node("lab", "slurmrestd").address = "127.0.0.1"
         assert ep.upstream(True) == ("127.0.0.1", accounting.REST_PORT)
-        # with registered hosts the overlay is out of reach: said at once, not after a connect timeout
-        with monkeypatch.context() as m, pytest.raises(ConnectionError, match="REST across hosts is not supported yet"):
-            m.setattr(type(ep.cluster), "multihost", property(lambda self: True))
-            ep.upstream(True)
+        # with registered hosts the overlay is out of reach: an exec in slurmrestd's container relays
+        answer = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
+        w.provider.exec_handler = lambda c, cmd: ExecResult(0, answer if cmd == REST_RELAY else "")
+        assert ep.tunnel(b"GET /slurm/v0.0.42/ping HTTP/1.1\r\n\r\n") == answer.encode()
+        assert ("exec", " ".join(REST_RELAY)) in w.provider.calls
+        w.provider.exec_handler = lambda c, cmd: ExecResult(1, "")
+        with pytest.raises(ConnectionError, match="slurmrestd does not answer in its container"):
+            ep.tunnel(b"GET / HTTP/1.1\r\n\r\n")
+        w.provider.exec_handler = None
         monkeypatch.setattr("orchestrator.cli.services.env", lambda: w.env)
         monkeypatch.setattr("sys.argv", ["hp", "api", "lab"])
         with pytest.raises(SystemExit) as e:
