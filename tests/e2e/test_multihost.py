@@ -369,10 +369,12 @@ def test_docker_kill_of_host_3_brings_its_nodes_back_on_the_others(lab: Lab) -> 
     assert named[0], "the first hp nodes after the kill names host h3 as unreachable"
     # no command waits more than HP_HOST_PING_TIMEOUT on the dead host: each kind's median
     # within USER_BOUND_S, or, on a machine busy enough (the suite's other workers) that the
-    # command alone takes longer than USER_BOUND_S - that, within its floor plus that timeout;
+    # command alone takes longer than USER_BOUND_S - that, within its slowest all-up run plus
+    # that timeout (the load that slowed one all-up run slows the runs after the kill as much:
+    # one CI run saw all-up nodes 1.08/1.44/3.58 s, then 1.15/3.77/3.72 s with h3 dead);
     # and none of them near a stall (docker-py's 60 s): within the slowest floor + both bounds
     median = {k: sorted(v)[len(v) // 2] for k, v in took.items()}
-    over = {k: v for k, v in median.items() if v >= max(USER_BOUND_S, floor[k] + PING_TIMEOUT_S)}
+    over = {k: v for k, v in median.items() if v >= max(USER_BOUND_S, floors[k][-1] + PING_TIMEOUT_S)}
     stalled = {k: v for k, v in slowest.items() if v >= floors[k][-1] + PING_TIMEOUT_S + USER_BOUND_S}
     assert not over and not stalled, (over, stalled, floors, took)
     assert srun < SRUN_BOUND_S

@@ -331,7 +331,7 @@ static int saw_grant(const char *buf, void *arg)
 			snprintf(g->id, sizeof(g->id), "%.*s", (int) strspn(p, "0123456789"), p);
 		}
 	}
-	return strstr(buf, "Granted job allocation ") != NULL;
+	return 0; /* read on to its end: salloc --no-shell exits by itself once granted */
 }
 
 /* Grow job `jobid` by `count` nodes (a job that expands it); 0 on success. */
