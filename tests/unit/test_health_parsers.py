@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 
 from orchestrator.health.dcgm import dcgmi_exit_reason, judge_dcgm, parse_dcgm
-from orchestrator.health.iperf import better, judge_iperf3, only_too_slow, parse_iperf3, run_verdict
+from orchestrator.health.iperf import (
+    better,
+    judge_iperf3,
+    name_not_resolved,
+    only_too_slow,
+    parse_iperf3,
+    run_verdict,
+)
 from orchestrator.health.mpi import judge_mpi_allreduce, parse_mpi_allreduce
 from orchestrator.health.nccl import judge_nccl, parse_nccl_tests
 from orchestrator.health.stress import explain_cpu_time, judge_stress, parse_stress_ng, stress_ng_exit_reason
@@ -484,6 +491,18 @@ def test_only_a_run_that_worked_but_was_slow_is_measured_again():
     slower = judge_iperf3(parse_iperf3(fx("iperf3-3.12-loopback-200M.json")), 0, 5)
     assert better(slower, slow).figures["received_gbps"] == slow.figures["received_gbps"]
     assert better(refused, slow) is slow  # both failed: the one that measured more
+
+
+def test_a_server_name_that_does_not_resolve_is_tried_again_and_nothing_else_is():
+    unresolved = (
+        '{"start": {}, "intervals": [], "end": {}, "error": "unable to connect to server - server may have '
+        'stopped running or use a different port, firewall issue, etc.: Name or service not known"}'
+    )
+    v = run_verdict(unresolved, 1, 1)
+    assert not v.passed and name_not_resolved(v)
+    refused = judge_iperf3(parse_iperf3(fx("iperf3-3.12-refused.json")), 0, 1)
+    assert not name_not_resolved(refused)
+    assert not name_not_resolved(judge_iperf3(parse_iperf3(fx("iperf3-3.12-loopback-pass.json")), 0, 1))
 
 
 def test_iperf3_not_iperf_output():
