@@ -43,7 +43,7 @@ def docker_available() -> bool:
 LONGEST_FIRST = {
     "tests/faults/test_agent_sigkill.py::test_agent_sigkill_at_random_moments": 230,
     "tests/e2e/test_json_contract.py": 130,
-    "tests/e2e/test_autoresume.py": 115,
+    "tests/e2e/test_autoresume.py": 150,
     "tests/faults/test_container_faults.py::test_kill_and_pause": 100,
     "tests/e2e/test_health.py::test_network_fault": 85,
     "tests/e2e/test_health.py::test_on_start": 75,

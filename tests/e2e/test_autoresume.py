@@ -28,7 +28,7 @@ from conftest import Hp, small_spec, wait_until, write_spec
 
 pytestmark = pytest.mark.xdist_group("autoresume")
 
-STEPS = 15  # the training loop's length, one checkpoint a second
+STEPS = 20  # the training loop's length, one checkpoint a second (a fault lands well before its end)
 TRAIN = f"""#!/bin/bash
 # rank 0 counts to {STEPS}, one checkpoint a second on the shared /home; rank 1 waits for it
 ck=$HOME/ck-$SLURM_JOB_ID
@@ -92,6 +92,14 @@ class Lab:
             return (last[0].split()[0], last[1]) if last and last[0] not in ("RUNNING", "RESIZING", "PENDING") else None
 
         return wait_until(ended, timeout, f"job {job} to end")
+
+    def running(self, job: int) -> None:
+        """Until the job's step runs on its nodes."""
+        wait_until(
+            lambda: f"{job}.0" in self.sh("squeue", "-h", "-s", "-j", str(job), "-o", "%i", check=False).split(),
+            60,
+            f"job {job}'s step 0 to run",
+        )
 
     def container(self, node: str) -> Any:
         return self.client.containers.get(f"hp-{self.name}-{node}")
@@ -167,8 +175,9 @@ def test_a_step_that_fails_by_itself_is_not_retried(lab: Lab) -> None:
 
 
 def test_used_up_retries_fail_with_hps_reason_and_no_option_ends_as_before(lab: Lab) -> None:
-    job = lab.submit("none-left", "srun --auto-resume=0 -N2 bash /home/hpuser/train.sh")
-    wait_until(lambda: lab.checkpoint(job) >= 2, 60, f"job {job}'s checkpoint to reach 2")
+    # steps that run until their node is lost: the kill always lands mid-step, however busy the machine
+    job = lab.submit("none-left", "srun --auto-resume=0 -N2 sleep 300")
+    lab.running(job)
     node = lab.other_node(job)
     lab.container(node).kill()
     state, _ = lab.final(job)
@@ -178,8 +187,8 @@ def test_used_up_retries_fail_with_hps_reason_and_no_option_ends_as_before(lab: 
     assert "hp: retrying" not in out
     # without --auto-resume: Slurm's own handling of a lost node, untouched by hp
     wait_until(lambda: "idle" in lab.sh("sinfo", "-h", "-o", "%t", "-n", node), 90, f"{node} idle again")
-    job = lab.submit("plain", "srun -N2 bash /home/hpuser/train.sh")
-    wait_until(lambda: lab.checkpoint(job) >= 2, 60, f"job {job}'s checkpoint to reach 2")
+    job = lab.submit("plain", "srun -N2 sleep 300")
+    lab.running(job)
     node = lab.other_node(job)
     lab.container(node).kill()
 
