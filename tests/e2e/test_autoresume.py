@@ -28,16 +28,22 @@ from conftest import Hp, small_spec, wait_until, write_spec
 
 pytestmark = pytest.mark.xdist_group("autoresume")
 
-STEPS = 20  # the training loop's length, one checkpoint a second (a fault lands well before its end)
+AFTER = 5  # steps a retried run does before it ends (the first run counts until its node is lost)
 TRAIN = f"""#!/bin/bash
-# rank 0 counts to {STEPS}, one checkpoint a second on the shared /home; rank 1 waits for it
+# rank 0 counts, one checkpoint a second on the shared /home, until its node is lost; a
+# retried run goes on from the checkpoint for {AFTER} more steps. Rank 1 waits for the end.
 ck=$HOME/ck-$SLURM_JOB_ID
 if [ "$SLURM_PROCID" = 0 ]; then
-  i=$(cat "$ck" 2>/dev/null || echo 0)
+  i=$(cat "$ck" 2>/dev/null || echo 0); from=$i
   echo "start attempt=${{HP_AUTO_RESUME_ATTEMPT:-none}} from=$i at=$(date +%s.%N) nodes=$SLURM_JOB_NODELIST"
-  while [ "$i" -lt {STEPS} ]; do i=$((i+1)); echo "$i" > "$ck.tmp" && mv "$ck.tmp" "$ck"; echo "step $i"; sleep 1; done
+  while [ "$i" -lt 600 ]; do
+    i=$((i+1)); echo "$i" > "$ck.tmp" && mv "$ck.tmp" "$ck"; echo "step $i"
+    if [ "${{HP_AUTO_RESUME_ATTEMPT:-0}}" -ge 1 ] && [ "$i" -ge $((from+{AFTER})) ]; then break; fi
+    sleep 1
+  done
+  touch "$ck.done"
 else
-  while [ "$(cat "$ck" 2>/dev/null || echo 0)" -lt {STEPS} ]; do sleep 0.5; done
+  while [ ! -e "$ck.done" ]; do sleep 0.5; done
 fi
 """
 
@@ -126,6 +132,7 @@ def _fault_mid_step(lab: Lab, fault: str, tag: str) -> None:
     job = lab.submit(tag, "srun --auto-resume=1 -N2 bash /home/hpuser/train.sh")
     wait_until(lambda: lab.checkpoint(job) >= 3, 60, f"job {job}'s checkpoint to reach 3")
     node = lab.other_node(job)
+    before = lab.checkpoint(job)  # the step goes on until its node is lost: at least this far
     t_fault = time.time()
     if fault == "kill":
         lab.container(node).kill()
@@ -136,20 +143,20 @@ def _fault_mid_step(lab: Lab, fault: str, tag: str) -> None:
             ["scontrol", "update", f"nodename={node}", "state=fail", "reason=Action:Replace"]
         )
         assert r.exit_code == 0, r.output
-    at_fault = lab.checkpoint(job)
     state, code = lab.final(job)
     out = lab.output(tag)
     starts = re.findall(r"start attempt=(\S+) from=(\d+) at=([\d.]+)", out)
     retry_lines = [ln for ln in out.splitlines() if ln.startswith("hp: retrying step")]
-    print(f"\n{fault}: {node} at checkpoint {at_fault}; {retry_lines}; starts {starts}; job {state} {code}")
+    print(f"\n{fault}: {node} after checkpoint {before}; {retry_lines}; starts {starts}; job {state} {code}")
     assert state == "COMPLETED" and code == "0:0", out
     assert len(retry_lines) == 1, out
     assert re.fullmatch(
         rf"hp: retrying step 0 of job {job} after {node} failed \(.+\), attempt 1 of 1", retry_lines[0]
     ), retry_lines
     assert [a for a, _, _ in starts] == ["0", "1"], out
-    assert int(starts[1][1]) >= at_fault >= 3, out  # continued from its checkpoint, not from 0
-    assert f"step {STEPS}" in out and lab.checkpoint(job) == STEPS
+    resumed = int(starts[1][1])
+    assert resumed >= before >= 3, out  # continued from its checkpoint, not from 0
+    assert f"step {resumed + AFTER}" in out and lab.checkpoint(job) == resumed + AFTER
     print(f"{fault} -> retried step's first line: {float(starts[1][2]) - t_fault:.1f} s")
     events = lab.hp("events", lab.name, check=True).stdout
     assert f"job={job} step=0 lost={node} attempt=1 of 1" in events, events
