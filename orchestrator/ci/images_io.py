@@ -27,7 +27,7 @@ def images_key(env: Env, packages: tuple[str, ...] = ()) -> str:
     h = hashlib.sha256(f"hp-images/{MANIFEST_FORMAT}\0{PULL_BASE}\0{LOCAL_BASE}\0".encode())
     for d in ALL_IMAGES:
         h.update(f"{d.name}\0{d.target or ''}\0".encode())
-        h.update(context_hash(env.images.root / d.context).encode())
+        h.update(context_hash(env.images.context(d)).encode())
     if packages:  # without: the key hp had before NodePackages existed
         h.update(f"NodePackages\0{packages_hash(packages)}\0".encode())
     return h.hexdigest()[:24]

@@ -1,7 +1,7 @@
 """Build hp's images, tagged with a hash of their inputs.
 
-The build contexts ship inside the package (orchestrator/data/images), so a wheel
-installed anywhere builds the same images. A second build with nothing changed inspects
+The build contexts are the checkout's images/ and healthchecks/ folders, which a wheel
+carries inside the package (resources.py), so hp installed anywhere builds the same images. A second build with nothing changed inspects
 the tags and builds nothing. The base is `debian:trixie-slim` when it is present or can
 be pulled; else it is made locally with debootstrap and imported (no registry needed,
 only a Debian mirror).
@@ -19,10 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import resources
 from ..errors import EngineError, ObjectMissing, OperationFailed
 from .provider import Provider
 
-DATA = Path(__file__).resolve().parent.parent / "data"
 PULL_BASE = ("debian", "trixie-slim")
 LOCAL_BASE = "hp-base:trixie"
 DEBOOTSTRAP_TIMEOUT = 900.0
@@ -37,7 +37,7 @@ def mirror() -> str:
 @dataclass(frozen=True)
 class ImageDef:
     name: str  # logical name: controller, login, worker, accounting, rest, database, check-cpu, check-gpu, node-mh, fileserver
-    context: str  # folder under orchestrator/data/images
+    context: str  # build context folder, relative to the resources' root (images/..., healthchecks/...)
     target: str | None
     parent: str | None = None  # built FROM this image of hp's (build argument PARENT); its tag is in the hash
 
@@ -46,22 +46,22 @@ class ImageDef:
 
 
 NODE_IMAGES = (
-    ImageDef("controller", "node", "controller"),
-    ImageDef("login", "node", "login"),
-    ImageDef("worker", "node", "worker"),
+    ImageDef("controller", "images/node", "controller"),
+    ImageDef("login", "images/node", "login"),
+    ImageDef("worker", "images/node", "worker"),
 )
 # The cluster services (Accounting, Rest in the spec): slurmdbd and slurmrestd are thin
 # targets on the node images' shared stage; MariaDB has its own stage.
 SERVICE_IMAGES = (
-    ImageDef("accounting", "node", "accounting"),
-    ImageDef("rest", "node", "rest"),
-    ImageDef("database", "node", "database"),
+    ImageDef("accounting", "images/node", "accounting"),
+    ImageDef("rest", "images/node", "rest"),
+    ImageDef("database", "images/node", "database"),
 )
-CHECK_IMAGES = (ImageDef("check-cpu", "check-cpu", None),)
+CHECK_IMAGES = (ImageDef("check-cpu", "healthchecks/cpu", None),)
 # The GPU check image (CuPy, nvidia-ml-py, CUDA and NCCL wheels from PyPI: ~2.2 GB, a
 # build of about a minute) is built only where it is needed: by `hp create` of a cluster
 # with GPU types, or `hp images build --gpu`. Not in ALL_IMAGES (`hp images build`).
-GPU_IMAGES = (ImageDef("check-gpu", "check-gpu", None),)
+GPU_IMAGES = (ImageDef("check-gpu", "healthchecks/gpu", None),)
 ALL_IMAGES = NODE_IMAGES + SERVICE_IMAGES + CHECK_IMAGES
 # Only with registered hosts (multi-host clusters): the worker image plus a GlusterFS
 # client, run by login and compute nodes (HP_ROLE set per container), which mount /home
@@ -69,8 +69,8 @@ ALL_IMAGES = NODE_IMAGES + SERVICE_IMAGES + CHECK_IMAGES
 # travel to each host once). The single-host images stay as they are. Built by
 # `hp create` (and `hp images build`) when hosts are registered.
 MULTIHOST_IMAGES = (
-    ImageDef("node-mh", "node-mh", None, parent="worker"),
-    ImageDef("fileserver", "fileserver", None, parent="node-mh"),
+    ImageDef("node-mh", "images/node-mh", None, parent="worker"),
+    ImageDef("fileserver", "images/fileserver", None, parent="node-mh"),
 )
 _BY_NAME = {d.name: d for d in NODE_IMAGES + SERVICE_IMAGES + CHECK_IMAGES + GPU_IMAGES + MULTIHOST_IMAGES}
 
@@ -123,7 +123,7 @@ def _steps(log: Log) -> Log:
 class Images:
     def __init__(self, provider: Provider, root: Path | None = None):
         self.p = provider
-        self.root = root or DATA / "images"
+        self.root = root or resources.root()  # the folder the ImageDefs' contexts are relative to
         self._base: tuple[str, str] | None = None  # (ref, image id)
 
     # -- base -----------------------------------------------------------------------
@@ -186,12 +186,16 @@ class Images:
             self.p.import_image(tar_path, repo, tag, ['CMD ["/bin/bash"]', "ENV LANG=C.UTF-8"])
 
     # -- role images ----------------------------------------------------------------
+    def context(self, d: ImageDef) -> Path:
+        """The build context folder of `d`."""
+        return self.root / d.context
+
     def tag(self, d: ImageDef, base_id: str | None = None) -> str:
         if base_id is None:
             base_id = self.base(make=False)[1]
         h = hashlib.sha256()
         h.update(base_id.encode() + b"\0" + (d.target or "").encode() + b"\0")
-        h.update(context_hash(self.root / d.context).encode())
+        h.update(context_hash(self.context(d)).encode())
         if d.parent:
             h.update(b"\0" + self.tag(_BY_NAME[d.parent], base_id).encode())
         return f"{d.repo()}:{h.hexdigest()[:12]}"
@@ -223,7 +227,7 @@ class Images:
             args = {"BASE": base_ref, **({"PARENT": parent} if parent else {})}
             if parent and not self.exists(parent):
                 raise OperationFailed(f"building {ref} needs {parent}: build it first")
-            self.p.build_image(self.root / d.context, ref, d.target, args, steps)
+            self.p.build_image(self.context(d), ref, d.target, args, steps)
         except ObjectMissing as e:
             raise OperationFailed(f"building {ref} failed: {e}") from None
         if not self.exists(ref):

@@ -1,4 +1,4 @@
-"""Per-model GPU thresholds, shipped as data (orchestrator/data/gpu-thresholds.yaml).
+"""Per-model GPU thresholds, shipped as package data (orchestrator/data/gpu-thresholds.yaml).
 
 The loader validates the whole file and reports every problem at once, each
 naming the file and where in it: an unknown model (not one of
@@ -12,17 +12,17 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from .. import resources
 from .discovery import KNOWN_MODELS
 
 ENV_OVERLAY = "HP_GPU_THRESHOLDS"
-SHIPPED = "data/gpu-thresholds.yaml"
+SHIPPED = "gpu-thresholds.yaml"  # package data (resources.data)
 DEFAULT_TOLERANCE = 0.10
 
 
@@ -168,14 +168,14 @@ def merge(base: ThresholdTable, overlay: ThresholdTable, overlay_has_tolerance: 
 
 
 def shipped_text() -> str:
-    return resources.files("orchestrator").joinpath(SHIPPED).read_text()
+    return resources.data(SHIPPED).read_text()
 
 
 def load_thresholds(
     extra: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None
 ) -> ThresholdTable:
     """The shipped table, overlaid by `extra` or $HP_GPU_THRESHOLDS if set."""
-    table = parse_thresholds(shipped_text(), f"built-in {SHIPPED}")
+    table = parse_thresholds(shipped_text(), f"built-in data/{SHIPPED}")
     path = extra or (env if env is not None else os.environ).get(ENV_OVERLAY)
     if not path:
         return table

@@ -1,4 +1,4 @@
-"""Judge the GPU check's JSON (orchestrator/data/images/check-gpu/hp_gpu_check.py), pure.
+"""Judge the GPU check's JSON (healthchecks/gpu/hp_gpu_check.py), pure.
 
 Every problem is a :class:`Finding` with a severity and an action:
 

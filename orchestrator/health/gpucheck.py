@@ -1,5 +1,5 @@
 """The GPU part of InstanceStress on a GPU node: hp's check program
-(orchestrator/data/images/check-gpu/hp_gpu_check.py) in hp's GPU check image, in a
+(healthchecks/gpu/hp_gpu_check.py) in hp's GPU check image, in a
 check container that shares the node's network and limits and is given the node's
 own GPUs (the node's wiring, gpu/host.py), judged by health/gpu.py.
 

@@ -1,6 +1,6 @@
 """Passive GPU monitoring, the pure half (HyperPod's health-monitoring agent).
 
-The monitor program (orchestrator/data/images/check-gpu/hp_gpu_monitor.py) runs
+The monitor program (healthchecks/gpu/hp_gpu_monitor.py) runs
 long-lived in hp's GPU check image next to a GPU node and prints one JSON line
 per event or snapshot:
 

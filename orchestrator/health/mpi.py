@@ -1,4 +1,4 @@
-"""hp's own MPI_Allreduce check (data/images/check-cpu/mpi_allreduce.c): its output parser and verdict."""
+"""hp's own MPI_Allreduce check (healthchecks/cpu/mpi_allreduce.c): its output parser and verdict."""
 
 from __future__ import annotations
 

@@ -38,7 +38,7 @@ from ..cluster.context import SLURM_UID, Cluster
 from ..docker.views import Container, ContainerSpec
 from ..errors import EngineError, OperationFailed
 from ..naming import SERVICE_HOSTS, database_volume, labels, network_name, service_container
-from ..slurm.conf import SERVICES, slurmdbd_conf
+from ..slurm.conf import slurmdbd_conf, template
 
 log = logging.getLogger("hp")
 
@@ -95,7 +95,7 @@ def forget_secrets(cluster: Cluster) -> None:
 
 
 def init_sql(password: str) -> bytes:
-    return Template((SERVICES / "hp-init.sql.tmpl").read_text()).substitute(db_password=password).encode()
+    return Template(template("hp-init.sql.tmpl")).substitute(db_password=password).encode()
 
 
 def controller_files(cluster: Cluster) -> dict[str, tuple[bytes, int, int]]:

@@ -1,18 +1,21 @@
-"""Slurm's configuration for a cluster (pure): slurm.conf from the template shipped in
-the package, and the `slurmd -Z --conf` string a dynamic node registers with."""
+"""Slurm's configuration for a cluster (pure): slurm.conf from the templates in slurm-conf/
+(resources.py), and the `slurmd -Z --conf` string a dynamic node registers with."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from string import Template
 
+from .. import resources
 from ..naming import SERVICE_HOSTS, node_name
 from ..spec.catalogue import InstanceType
 from ..spec.model import ClusterSpec
 
-TEMPLATE = Path(__file__).resolve().parent.parent / "data" / "slurm.conf.tmpl"
-SERVICES = Path(__file__).resolve().parent.parent / "data" / "services"
 SLURMD_TIMEOUT = 30  # hp watches Docker events itself; Slurm's own detection is a backstop
+
+
+def template(name: str) -> str:
+    """The text of slurm-conf/NAME (resources.slurm_conf)."""
+    return (resources.slurm_conf() / name).read_text()
 
 
 def controller_host(spec: ClusterSpec) -> str:
@@ -35,7 +38,7 @@ def slurmd_conf(itype: InstanceType, feature: str, drain_reason: str | None = No
 
 
 def render(spec: ClusterSpec, catalogue: dict[str, InstanceType]) -> str:
-    tmpl = Template(TEMPLATE.read_text())
+    tmpl = Template(template("slurm.conf.tmpl"))
     nodesets, partitions = [], []
     for g in spec.compute:
         ns = f"ns_{g.InstanceGroupName.lower()}"
@@ -56,7 +59,7 @@ def render(spec: ClusterSpec, catalogue: dict[str, InstanceType]) -> str:
 
 
 def _part(name: str, **values: str) -> str:
-    return Template((SERVICES / name).read_text()).substitute(**values).strip()
+    return Template(template(name)).substitute(**values).strip()
 
 
 def accounting_lines(enabled: bool) -> str:

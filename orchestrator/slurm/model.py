@@ -23,7 +23,7 @@ REMOVING_REASON = "hp: removing node"  # scale-down / delete-nodes drain
 # ends them (their processes died with the container) instead of waiting for them forever
 REBOOTING_REASON = "hp: node rebooted, its jobs ended"
 DELETING_REASON = "hp delete"  # the whole cluster goes
-# `srun --auto-resume` (orchestrator/data/images/node/hp_auto_resume.c): hp notes on each job what it did
+# `srun --auto-resume` (images/node/hp_auto_resume.c): hp notes on each job what it did
 # to a node the job held (AdminComment "hp: <node> <what>"); the plugin grows a job that
 # lost a node back with a job of this name, whose comment says what it retries.
 JOB_NOTE_PREFIX = "hp: "

@@ -5,11 +5,11 @@ from __future__ import annotations
 import functools
 import os
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 
 import yaml
 
+from .. import resources
 from ..errors import BadInput
 
 
@@ -80,7 +80,7 @@ def _parse(doc: object, source: str) -> dict[str, InstanceType]:
 @functools.cache
 def _builtin() -> dict[str, InstanceType]:
     """The shipped catalogue, parsed once per process (it is package data: it does not change)."""
-    text = resources.files("orchestrator").joinpath("data/instance-types.yaml").read_text()
+    text = resources.data("instance-types.yaml").read_text()
     return _parse(yaml.safe_load(text), "built-in catalogue")
 
 

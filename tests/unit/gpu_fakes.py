@@ -22,9 +22,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from orchestrator import resources
+
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "gpu-h200"
-IMAGE_DIR = ROOT / "orchestrator" / "data" / "images" / "check-gpu"
+IMAGE_DIR = resources.healthchecks() / "gpu"
 
 
 def fixture(name: str) -> str:
@@ -32,7 +34,7 @@ def fixture(name: str) -> str:
 
 
 def load_program(name: str) -> Any:
-    """Import hp_gpu_check.py / hp_gpu_monitor.py from the image folder."""
+    """Import hp_gpu_check.py / hp_gpu_monitor.py from the GPU check's folder."""
     if str(IMAGE_DIR) not in sys.path:
         sys.path.insert(0, str(IMAGE_DIR))
     if name in sys.modules:

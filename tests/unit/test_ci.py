@@ -492,11 +492,12 @@ def test_images_key_follows_the_build_inputs_only(tmp_path: Path) -> None:
     w = world(tmp_path)
     k = images_key(w.env)
     assert len(k) == 24 and int(k, 16) >= 0 and images_key(w.env) == k
-    root = tmp_path / "images"
-    shutil.copytree(w.env.images.root, root)
+    root = tmp_path / "resources"
+    for folder in ("images", "healthchecks"):  # the folders the images' contexts are in
+        shutil.copytree(w.env.images.root / folder, root / folder)
     w.env.images.root = root
     assert images_key(w.env) == k  # a copy builds the same images
-    f = next(p for p in sorted((root / "node").rglob("*")) if p.is_file())
+    f = next(p for p in sorted((root / "images" / "node").rglob("*")) if p.is_file())
     f.chmod(f.stat().st_mode ^ 0o040)  # a permission bit that is not "executable": same key
     assert images_key(w.env) == k
     f.chmod(f.stat().st_mode ^ 0o111)

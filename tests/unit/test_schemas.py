@@ -135,28 +135,31 @@ def test_parse_dpkg_version() -> None:
 def test_images_key_needs_no_docker_and_tracks_inputs(tmp_path: Path) -> None:
     import shutil
 
+    from orchestrator import resources
     from orchestrator.ci.images_io import images_key
-    from orchestrator.docker.images import DATA, Images
+    from orchestrator.docker.images import Images
 
     class E:  # images_key reads only the build contexts
         def __init__(self, root: Path):
             self.images = Images(provider=None, root=root)  # type: ignore[arg-type]
 
-    shutil.copytree(DATA / "images", tmp_path / "images")
-    k1 = images_key(E(tmp_path / "images"))
-    assert k1 == images_key(E(DATA / "images")) and len(k1) == 24
+    for folder in ("images", "healthchecks"):
+        shutil.copytree(resources.root() / folder, tmp_path / folder)
+    k1 = images_key(E(tmp_path))
+    assert k1 == images_key(E(resources.root())) and len(k1) == 24
     (tmp_path / "images" / "node" / "hp-entry").write_text("changed")
-    assert images_key(E(tmp_path / "images")) != k1
+    assert images_key(E(tmp_path)) != k1
 
 
 def test_image_tags_ignore_permission_bits_but_not_the_executable_bit(tmp_path: Path) -> None:
     """A tree unpacked with another umask (git archive: 0664) hashes the same."""
     import shutil
 
-    from orchestrator.docker.images import DATA, context_hash
+    from orchestrator import resources
+    from orchestrator.docker.images import context_hash
 
     ctx = tmp_path / "node"
-    shutil.copytree(DATA / "images" / "node", ctx)
+    shutil.copytree(resources.images() / "node", ctx)
     before = context_hash(ctx)
     (ctx / "Dockerfile").chmod(0o664)
     (ctx / "hp-entry").chmod(0o775)
