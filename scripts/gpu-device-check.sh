@@ -130,7 +130,7 @@ env = {
     "LD_LIBRARY_PATH": f"{driver_dir}/lib64:{driver_dir}/lib",
     **(dict(wiring.env) if wiring else {}),
 }
-prog = "/hp/orchestrator/data/images/check-gpu"
+prog = "/hp/healthchecks/gpu"
 
 def run(cmd, timeout, name):
     ctr = c.containers.create("hp-device-probe:1", cmd, devices=devs, volumes=vols, environment=env,

@@ -1,4 +1,4 @@
-"""`srun --auto-resume=N` (orchestrator/data/images/node/hp_auto_resume.c, a SPANK plugin) with real faults:
+"""`srun --auto-resume=N` (images/node/hp_auto_resume.c, a SPANK plugin) with real faults:
 a batch job's two-node step that writes a checkpoint every second loses its second node
 to `docker kill`, `docker pause` or Slurm's own `Action:Replace` request mid-step; hp
 brings the node back under its name, the job grows back to two nodes and the step runs
