@@ -11,7 +11,7 @@ warm (the image cache hit, target < 15 s): `hp images load --force DIR` (verify 
      here already, so warm here is a lower bound for the load part.
 Both print the plain-docker floor of the same run (controller + N workers idle).
 
-Usage: .venv/bin/python bench/ci.py [--skip-cold] [--workers 2]
+Usage: .venv/bin/python bench/ci.py [--skip-cold] [--workers 2] [--write-docs]
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import benchdocs
 from common import bench_env, floor, hp, write_json
 
 from orchestrator.docker.engine import DockerEngine as DockerProvider  # noqa: E402
@@ -145,14 +146,21 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--skip-cold", action="store_true")
+    benchdocs.add_option(ap)
     a = ap.parse_args()
-    n = a.workers
+    with benchdocs.section("ci", a.write_docs):
+        res = figures(a.workers, a.skip_cold)
+    sys.exit(0 if all(t < target for _, t, target in res) else 1)
+
+
+def figures(n: int, skip_cold: bool) -> list[tuple[str, float, float]]:
+    """Prints the floor, warm and (unless skipped) cold; returns (label, seconds, target) of each."""
     fl = floor(n, ITYPE)
     print(f"plain-docker floor, controller + {n} {ITYPE} workers idle: {fl:.2f} s", flush=True)
     print("warm (images from the cache):", flush=True)
     w = warm(n)
     res = [("warm", w["total"], 15.0)]
-    if not a.skip_cold:
+    if not skip_cold:
         print("cold (no images, no cache):", flush=True)
         c = cold(n)
         res.insert(0, ("cold", c["total"], 90.0))
@@ -161,7 +169,7 @@ def main() -> None:
             f"{label}: {t:.1f} s (target < {target:.0f} s): {'OK' if t < target else 'ABOVE TARGET'}; floor {fl:.2f} s",
             flush=True,
         )
-    sys.exit(0 if all(t < target for _, t, target in res) else 1)
+    return res
 
 
 if __name__ == "__main__":

@@ -5,11 +5,13 @@ capacity for its 3 nodes, against the same cluster without the short group: time
 `hp create` starting to the first successful `srun -N4` (target: ratio <= 1.1). Then
 the agent's CPU use while the cluster is idle (with the short group still retrying,
 and without), over a window (target < 1% of a core). Also prints the plain-docker
-floor of the same run.
+floor of the same run. The idle window is BENCH_IDLE_WINDOW seconds (default 30);
+--write-docs writes the figures into docs/benchmarks.md (section continuous).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -17,6 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import benchdocs
 from common import ROOT, bench_env, floor, hp, write_json
 
 sys.path.insert(0, str(ROOT))
@@ -83,7 +86,14 @@ def run(short: bool, window: float) -> tuple[float, float]:
 
 
 def main() -> None:
-    window = float(os.environ.get("BENCH_IDLE_WINDOW", "30"))
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    benchdocs.add_option(ap)
+    a = ap.parse_args()
+    with benchdocs.section("continuous", a.write_docs):
+        figures(float(os.environ.get("BENCH_IDLE_WINDOW", "30")))
+
+
+def figures(window: float) -> None:
     fl = floor(4)
     full, idle_full = run(False, window)
     short, idle_short = run(True, window)

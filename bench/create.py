@@ -13,17 +13,21 @@ instruction to its record. With --lifecycle N: a cluster of N workers with and w
 the script adds to create, against the script's own run time (the slowest node's, as
 the script measured it): the rest is hp's cost on the critical path (target: under
 0.3 s, the nodes' scripts running in parallel). Images must be built (`make images`).
+With --write-docs, each part's figures replace its section of docs/benchmarks.md
+(create, create-accounting, create-lifecycle).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import benchdocs
 from common import ROOT, bench_env, floor, hp, spec_doc, write_json
 
 
@@ -72,8 +76,6 @@ echo "$(cat first-end) $(date +%s.%N)"
 
 def accounting_cost(runs: int) -> None:
     """The default cluster without and with accounting, alternated; medians."""
-    import statistics
-
     times: dict[str, list[float]] = {"--no-accounting": [], "--accounting": []}
     first_row, after_end = [], []
     for i in range(runs):
@@ -122,8 +124,6 @@ def lifecycle_cost(n: int, runs: int, cpu_limit: float | None = None) -> None:
     """N workers with and without the OnCreate script, alternated; medians. `cpu_limit`:
     the nodes' CPU share instead of bench.tiny's 0.02 (every fork of the script and of
     the node's entry runs at that share)."""
-    import statistics
-
     times: dict[bool, list[float]] = {False: [], True: []}
     script = []
     for i in range(runs):
@@ -167,26 +167,12 @@ def lifecycle_cost(n: int, runs: int, cpu_limit: float | None = None) -> None:
     print(f"  lifecycle overhead: {'OK' if cost < 0.3 else 'ABOVE the 0.3 s target'} (target < 0.3 s)")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--sizes", default="4,16,64", help="worker counts vs the floor ('none': skip)")
-    ap.add_argument("--repeat", type=int, default=1)
-    ap.add_argument("--acct-runs", type=int, default=3, help="create runs with and without accounting (0: skip)")
-    ap.add_argument("--lifecycle", type=int, default=0, help="workers of the OnCreate-script run (0: skip)")
-    ap.add_argument("--lifecycle-runs", type=int, default=3)
-    ap.add_argument("--lifecycle-cpu", type=float, default=None, help="the nodes' CpuLimit in that run")
-    a = ap.parse_args()
-    if a.lifecycle:
-        lifecycle_cost(a.lifecycle, a.lifecycle_runs, a.lifecycle_cpu)
-    if a.sizes == "none":
-        if a.acct_runs:
-            accounting_cost(a.acct_runs)
-        return
+def sizes_vs_floor(sizes: list[int], repeat: int) -> None:
     print(f"{'N':>4} {'floor s':>9} {'hp s':>9} {'ratio':>7}  target <= 1.25")
     worst = 0.0
-    for n in [int(x) for x in a.sizes.split(",")]:
+    for n in sizes:
         fl, hc = [], []
-        for _ in range(a.repeat):
+        for _ in range(repeat):
             fl.append(floor(n))
             with tempfile.TemporaryDirectory() as home:
                 hc.append(hp_create(n, home))
@@ -197,8 +183,27 @@ def main() -> None:
         s = first_srun(home)
     print(f"default cluster: first successful srun -N4 {s:.2f} s after hp create started (target <= 5 s)")
     print(f"worst ratio {worst:.2f}: {'OK' if worst <= 1.25 else 'ABOVE TARGET'}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="4,16,64", help="worker counts vs the floor ('none': skip)")
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--acct-runs", type=int, default=3, help="create runs with and without accounting (0: skip)")
+    ap.add_argument("--lifecycle", type=int, default=0, help="workers of the OnCreate-script run (0: skip)")
+    ap.add_argument("--lifecycle-runs", type=int, default=3)
+    ap.add_argument("--lifecycle-cpu", type=float, default=None, help="the nodes' CpuLimit in that run")
+    benchdocs.add_option(ap)
+    a = ap.parse_args()
+    if a.lifecycle:
+        with benchdocs.section("create-lifecycle", a.write_docs):
+            lifecycle_cost(a.lifecycle, a.lifecycle_runs, a.lifecycle_cpu)
+    if a.sizes != "none":
+        with benchdocs.section("create", a.write_docs):
+            sizes_vs_floor([int(x) for x in a.sizes.split(",")], a.repeat)
     if a.acct_runs:
-        accounting_cost(a.acct_runs)
+        with benchdocs.section("create-accounting", a.write_docs):
+            accounting_cost(a.acct_runs)
 
 
 if __name__ == "__main__":

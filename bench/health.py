@@ -10,11 +10,12 @@ one node of <model>.1x per GPU, the time of the GPU check (InstanceStress) per n
 its parts (the check program's own timings: software, counters, compute, nccl), and
 the passive GPU monitor's CPU per node while idle (its container's CPU time over 60 s;
 target < 0.5% of a core), and the agent's CPU while it follows the monitors.
-Run: cd bench && ../.venv/bin/python health.py [--gpu-only]
+Run: cd bench && ../.venv/bin/python health.py [--gpu-only] [--write-docs]
 (creates and deletes hcb-*; private HP_HOME)"""
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -24,6 +25,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import benchdocs
 import docker
 from common import bench_env, hp, spec_doc, write_json
 
@@ -141,8 +143,8 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def gpu_section(idle_seconds: float = 60.0) -> None:
-    """Only where GPUs are found (see the module's docstring)."""
+def gpu_section(idle_seconds: float = 60.0) -> bool:
+    """Only where GPUs are found (see the module's docstring); False when none was."""
     from orchestrator.cluster.context import Env
     from orchestrator.state.store import Store
 
@@ -150,7 +152,7 @@ def gpu_section(idle_seconds: float = 60.0) -> None:
         gpus = Env(store=Store(Path(home))).gpus(refresh=True)
         if not gpus.gpus:
             print(f"GPU section: skipped: no GPU found on the Docker host ({gpus.why})")
-            return
+            return False
         model = gpus.gpus[0].model
         n = sum(1 for g in gpus.gpus if g.model == model)
         print(f"GPU section: {gpus.summary()}; {n} node(s) of {model}.1x")
@@ -205,7 +207,7 @@ def gpu_section(idle_seconds: float = 60.0) -> None:
                 time.sleep(2)
             if not mons:
                 print("GPU monitors: none running after 120 s (see hp events)")
-                return
+                return True
             time.sleep(10)  # past the monitor's start
             pid = int((Path(home) / "clusters" / name / "agent.pid").read_text())
             before = {m: container_cpu_seconds(client, m) for m in mons}
@@ -221,14 +223,23 @@ def gpu_section(idle_seconds: float = 60.0) -> None:
             )
         finally:
             hp(env, "delete", name, check=False)
+    return True
 
 
 def main() -> None:
-    import sys
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gpu-only", action="store_true", help="only the GPU section")
+    benchdocs.add_option(ap)
+    a = ap.parse_args()
+    if not a.gpu_only:
+        with benchdocs.section("health", a.write_docs):
+            cpu_section()
+    with benchdocs.section("health-gpu", a.write_docs) as rec:
+        if not gpu_section():
+            rec.discard()  # a host without GPUs leaves the figures of one with GPUs in place
 
-    if "--gpu-only" in sys.argv:
-        gpu_section()
-        return
+
+def cpu_section() -> None:
     with tempfile.TemporaryDirectory(prefix="hcb-") as home:
         env = bench_env(home)
         name = f"hcb-{secrets.token_hex(3)}"
@@ -254,7 +265,6 @@ def main() -> None:
             print(f"docker kill of a worker -> idle in Slurm again: {kill_to_idle(name):.2f} s (target <= 10 s)")
         finally:
             hp(env, "delete", name, check=False)
-    gpu_section()
 
 
 if __name__ == "__main__":

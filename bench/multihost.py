@@ -1,6 +1,6 @@
 """A cluster over three Docker hosts vs the same cluster on one of them, and losing a host.
 
-    .venv/bin/python bench/multihost.py [--compute 12] [--runs 2] [--json FILE]
+    .venv/bin/python bench/multihost.py [--compute 12] [--runs 2] [--json FILE] [--write-docs]
 
 Hosts are Docker-in-Docker containers (tests/hosts/dind.py; names start with
 HP_DIND_PREFIX, default hpdind-), removed at the end, also on failure.
@@ -43,6 +43,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+import benchdocs
 from hosts.dind import Harness  # noqa: E402
 
 from orchestrator.slurm.model import parse_nodes  # noqa: E402
@@ -245,7 +246,14 @@ def main() -> int:
     ap.add_argument("--compute", type=int, default=12)
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--json", type=Path)
+    benchdocs.add_option(ap)
     args = ap.parse_args()
+    with benchdocs.section("multihost", args.write_docs):
+        measure(args)
+    return 0
+
+
+def measure(args: argparse.Namespace) -> None:
     harness = Harness()
     tmp = Path(tempfile.mkdtemp(prefix="hp-bench-mh-"))
     multi_home, one_home = tmp / "multi", tmp / "one"
@@ -313,7 +321,6 @@ def main() -> int:
     )
     if args.json:
         args.json.write_text(json.dumps(out, indent=2) + "\n")
-    return 0
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@ and from `docker kill` of a node of a running `srun --auto-resume=1 -N2` step to
 retried step's first line (kill-to-retry), 3 times each; prints the medians and the
 target (kill-to-retry within 2x kill-to-idle).
 
-    .venv/bin/python bench/recovery.py [--runs 3]
+    .venv/bin/python bench/recovery.py [--runs 3] [--write-docs]
 
 Makes its own cluster (controller, login, 2 cpu.small workers) under a private HP_HOME;
 the per-cluster agent started by `hp create` runs the recovery watcher. Removes
@@ -23,6 +23,8 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+
+import benchdocs
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -123,9 +125,47 @@ def kill_to_retry(name: str, timeout: float = 120) -> tuple[float, float]:
     raise SystemExit(f"job {job}'s step was not retried within {timeout:g} s")
 
 
+def measure(name: str, runs: int) -> None:
+    """kill-to-idle of an idle worker, then kill-to-retry of an auto-resume step, `runs` times each."""
+    time.sleep(2)  # the agent's recovery watcher subscribes to Docker events
+    times = []
+    for i in range(runs):
+        started = docker("inspect", "-f", "{{.State.StartedAt}}", f"hp-{name}-cpu-1")
+        t0 = time.monotonic()
+        docker("kill", f"hp-{name}-cpu-1")
+        back_idle(name, started)
+        times.append(time.monotonic() - t0)
+        print(f"run {i + 1}: docker kill -> idle in Slurm in {times[-1]:.2f} s", flush=True)
+        time.sleep(1)
+    idle_s = statistics.median(times)
+    print(f"kill-to-idle, median over {len(times)} runs: {idle_s:.2f} s (target <= 10 s)")
+    as_user(name, "bash", "-c", "cat > train.sh", stdin=TRAIN)
+    as_user(name, "bash", "-c", "cat > job.sh", stdin=JOB)
+    retries, busy_idle = [], []
+    for i in range(runs):
+        took, back = kill_to_retry(name)
+        retries.append(took)
+        busy_idle.append(back)
+        print(
+            f"run {i + 1}: docker kill of a node mid-step -> that node idle in {back:.2f} s, "
+            f"the retried step's first line in {took:.2f} s"
+        )
+        time.sleep(2)
+    seen_idle = [b for b in busy_idle if b == b] or [float("nan")]  # nan: taken back before a poll saw it idle
+    retry, held = statistics.median(retries), statistics.median(seen_idle)
+    print(f"kill-to-idle of a node that held a step, median: {held:.2f} s")
+    for what, base in (("an idle node's", idle_s), ("the step's node's", held)):
+        verdict = "pass" if retry <= 2 * base else "FAIL"
+        print(
+            f"kill-to-retry, median over {len(retries)} runs: {retry:.2f} s = {retry / base:.2f}x "
+            f"{what} kill-to-idle (target <= 2x): {verdict}"
+        )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3)
+    benchdocs.add_option(ap)
     args = ap.parse_args()
     home = Path(tempfile.mkdtemp(prefix="hp-bench-recovery-"))
     env = {**os.environ, "HP_HOME": str(home), "NO_COLOR": "1"}
@@ -159,39 +199,8 @@ def main() -> int:
         if r.returncode != 0:
             print(r.stderr, file=sys.stderr)
             return 1
-        time.sleep(2)  # the agent's recovery watcher subscribes to Docker events
-        times = []
-        for i in range(args.runs):
-            started = docker("inspect", "-f", "{{.State.StartedAt}}", f"hp-{name}-cpu-1")
-            t0 = time.monotonic()
-            docker("kill", f"hp-{name}-cpu-1")
-            back_idle(name, started)
-            times.append(time.monotonic() - t0)
-            print(f"run {i + 1}: docker kill -> idle in Slurm in {times[-1]:.2f} s", flush=True)
-            time.sleep(1)
-        idle_s = statistics.median(times)
-        print(f"kill-to-idle, median over {len(times)} runs: {idle_s:.2f} s (target <= 10 s)")
-        as_user(name, "bash", "-c", "cat > train.sh", stdin=TRAIN)
-        as_user(name, "bash", "-c", "cat > job.sh", stdin=JOB)
-        retries, busy_idle = [], []
-        for i in range(args.runs):
-            took, back = kill_to_retry(name)
-            retries.append(took)
-            busy_idle.append(back)
-            print(
-                f"run {i + 1}: docker kill of a node mid-step -> that node idle in {back:.2f} s, "
-                f"the retried step's first line in {took:.2f} s"
-            )
-            time.sleep(2)
-        seen_idle = [b for b in busy_idle if b == b] or [float("nan")]  # nan: taken back before a poll saw it idle
-        retry, held = statistics.median(retries), statistics.median(seen_idle)
-        print(f"kill-to-idle of a node that held a step, median: {held:.2f} s")
-        for what, base in (("an idle node's", idle_s), ("the step's node's", held)):
-            verdict = "pass" if retry <= 2 * base else "FAIL"
-            print(
-                f"kill-to-retry, median over {len(retries)} runs: {retry:.2f} s = {retry / base:.2f}x "
-                f"{what} kill-to-idle (target <= 2x): {verdict}"
-            )
+        with benchdocs.section("recovery", args.write_docs):
+            measure(name, args.runs)
         return 0
     finally:
         hp(env, "delete", name)
