@@ -242,7 +242,7 @@ class Agent:
             )
             if done:
                 # expect: a delete may have begun since the row was read
-                store.set_status(self.name, ClusterStatus.IN_SERVICE, expect=frozenset({ClusterStatus.CREATING}))
+                store.set_status(self.name, ClusterStatus.IN_SERVICE, expect=ClusterStatus.CREATING)
 
     def _roll_back(self, cluster: Cluster, op: dict[str, Any], g: InstanceGroup, why: str) -> None:
         store = self.env.store

@@ -194,15 +194,16 @@ def _create_and_record(cluster: Cluster, images: dict[str, str], opts: CreateOpt
 
 def rollback(cluster: Cluster, msg: str, retain: bool, progress: Progress) -> None:
     env, name = cluster.env, cluster.name
+    # expect: nothing is written over a delete that began meanwhile
     if retain:
-        env.store.set_status(name, ClusterStatus.FAILED, msg)
+        env.store.set_status(name, ClusterStatus.FAILED, msg, expect=ClusterStatus.CREATING)
         return
-    env.store.set_status(name, ClusterStatus.ROLLING_BACK, msg)
+    env.store.set_status(name, ClusterStatus.ROLLING_BACK, msg, expect=ClusterStatus.CREATING)
     progress.stage("rollback", "removing what was created")
     remove_resources(env.provider, name)
     cluster.key_path.unlink(missing_ok=True)  # nothing uses it any more
     forget_secrets(cluster)
-    env.store.set_status(name, ClusterStatus.FAILED, msg)
+    env.store.set_status(name, ClusterStatus.FAILED, msg, expect=ClusterStatus.ROLLING_BACK)
 
 
 def _create(
@@ -345,7 +346,7 @@ def _start_early(
 
 
 def _in_service(cluster: Cluster) -> None:
-    cluster.store.set_status(cluster.name, ClusterStatus.IN_SERVICE)
+    cluster.store.set_status(cluster.name, ClusterStatus.IN_SERVICE, expect=ClusterStatus.CREATING)
 
 
 def _start_controller(

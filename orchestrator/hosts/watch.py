@@ -310,7 +310,7 @@ class HostWatch:
                 self.name,
                 ClusterStatus.IN_SERVICE,
                 detail="its controller's host is back",
-                expect=frozenset({ClusterStatus.DEGRADED}),
+                expect=ClusterStatus.DEGRADED,
             )
 
 

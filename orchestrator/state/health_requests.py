@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .store import Store, iso
-from .transitions import ACTIVE, RequestState, request_edge
+from .transitions import ACTIVE, RequestState, expected, request_edge
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS health_requests (
@@ -154,17 +154,17 @@ class Records:
         *,
         detail: str = "",
         level: str | None = None,
-        expect: Iterable[RequestState] | None = None,
+        expect: RequestState | Iterable[RequestState] | None = None,
     ) -> bool:
         """THE writer of a request's state: the gate decides in the write transaction that
         records it (InvalidTransition for an edge the table refuses), and the edge's event
         is written with it (`detail`: what the event adds; `level`: instead of the edge's).
         A state that is not active ends the request (its end time). False, nothing
         written, when the request is not recorded or, with `expect`, when its state is not
-        one of those (someone else changed it since it was read)."""
+        that or one of those (someone else changed it since it was read)."""
         with self.s.transaction() as db:
             rows = db.execute("SELECT state, cluster FROM health_requests WHERE id=?", (rid,)).fetchall()
-            if not rows or (expect is not None and rows[0][0] not in {s.value for s in expect}):
+            if not rows or not expected(rows[0][0], expect):
                 return False
             new, edge = request_edge(rid, rows[0][0], state)
             db.execute(

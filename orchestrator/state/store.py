@@ -20,14 +20,14 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from . import phases
 from .phases import Phase
-from .transitions import ClusterStatus, cluster_edge
+from .transitions import ClusterStatus, cluster_edge, expected
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS clusters (
@@ -266,16 +266,16 @@ class Store:
         message: str = "",
         *,
         detail: str = "",
-        expect: frozenset[ClusterStatus] | None = None,
+        expect: ClusterStatus | Iterable[ClusterStatus] | None = None,
     ) -> bool:
         """THE writer of a cluster's status: the gate (transitions.cluster_edge) decides in
         the write transaction that records it (InvalidTransition for an edge the table
         refuses), and the edge's event is written with it (`detail`: what the event adds).
         False, nothing written, when the cluster is not recorded or, with `expect`, when
-        its status is not one of those (someone else changed it since it was read)."""
+        its status is not that or one of those (someone else changed it since it was read)."""
         with self.transaction() as db:
             rows = db.execute("SELECT status FROM clusters WHERE name=?", (name,)).fetchall()
-            if not rows or (expect is not None and rows[0][0] not in {s.value for s in expect}):
+            if not rows or not expected(rows[0][0], expect):
                 return False
             new, edge = cluster_edge(name, rows[0][0], status)
             db.execute(

@@ -11,6 +11,7 @@ InvalidTransition and nothing is written; the edge's event goes in the same tran
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 from typing import TypeVar
@@ -150,6 +151,13 @@ def edge(
     if e is None:
         raise InvalidTransition(f"{what}: {f or '(none)'} -> {t} is not an allowed {kind.__name__} change")
     return t, e
+
+
+def expected(current: str, expect: Enum | Iterable[Enum] | None) -> bool:
+    """Is the recorded value `current` what a writer's caller expects (None: anything)?"""
+    if expect is None:
+        return True
+    return current in ({expect.value} if isinstance(expect, Enum) else {e.value for e in expect})
 
 
 def cluster_edge(name: str, frm: str | None, to: str) -> tuple[ClusterStatus, Edge]:

@@ -10,7 +10,8 @@ import itertools
 import pytest
 from fakes import force_status, spec_doc, world
 
-from orchestrator.cluster.create import CreateOptions, create
+from orchestrator.cluster.context import Cluster
+from orchestrator.cluster.create import CreateOptions, NoProgress, create, rollback
 from orchestrator.errors import InvalidTransition
 from orchestrator.spec.model import validate
 from orchestrator.state import transitions
@@ -89,6 +90,17 @@ def test_a_created_cluster_says_so_once_even_with_its_agent_at_it(tmp_path):
     ev = texts(w.env.store)
     assert ev[0] == "Cluster lab creation started (all-or-nothing provisioning)"
     assert ev.count("Cluster lab is InService") == 1 and w.env.store.cluster("lab").status is S.IN_SERVICE
+
+
+def test_a_rollback_writes_nothing_over_a_delete_that_began_meanwhile(tmp_path):
+    w = world(tmp_path)
+    create(w.env, validate(spec_doc("lab"), w.env.catalogue), CreateOptions(timeout=5, register_timeout=2))
+    force_status(w.env.store, "lab", "Creating")
+    w.env.store.set_status("lab", S.DELETING)  # `hp delete` while `hp create` still runs
+    n = len(texts(w.env.store))
+    rollback(Cluster(w.env, "lab"), "interrupted", False, NoProgress())
+    assert w.env.store.cluster("lab").status is S.DELETING and len(texts(w.env.store)) == n
+    assert w.provider.containers("lab") == []  # what was made is removed all the same
 
 
 # -- health-check requests -------------------------------------------------------------
