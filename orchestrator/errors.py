@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import sqlite3
 import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -117,8 +116,9 @@ class InsufficientCapacity(LaunchError):
 
 
 class InvalidTransition(Exception):
-    """A node phase change the transition table does not allow: a bug in hp, never
-    a user error (not an HpError, so it is never shown as an operation's outcome)."""
+    """A node phase, cluster status or health-check request state change its transition
+    table does not allow: a bug in hp, never a user error (not an HpError, so it is never
+    shown as an operation's outcome)."""
 
 
 # The outside world's errors: retried or reported as an outcome. Anything else is a bug.
@@ -149,7 +149,7 @@ def report_bug(
     if store is not None and cluster is not None:
         try:
             store.event(cluster, "Cluster" if node is None else "Instance", "Error", desc, group, node=node)
-        except sqlite3.Error:  # pragma: no cover - the store itself failing: the log has it
+        except store.Error:  # pragma: no cover - the store itself failing: the log has it
             log.exception("could not record the internal error")
     return desc
 

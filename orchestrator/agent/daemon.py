@@ -38,6 +38,7 @@ from ..naming import SERVICE_HOSTS, group_prefix
 from ..slurm.model import SlurmNode
 from ..spec.model import InstanceGroup
 from ..state.phases import Phase
+from ..state.transitions import ClusterStatus
 from .onstart import OnStartQueue
 from .process import DEAD_STATUSES, paths
 from .reconciler import RESYNC, GroupReconciler
@@ -204,7 +205,7 @@ class Agent:
         store = self.env.store
         ops = store.operations(self.name)
         row = store.cluster(self.name)
-        if not ops and (row is None or row.status != "Creating"):
+        if not ops and (row is None or row.status != ClusterStatus.CREATING):
             return
         latest = store.latest_phases(self.name)
 
@@ -233,15 +234,15 @@ class Agent:
                     f"{running} node(s)",
                     g.InstanceGroupName,
                 )
-        if row is not None and row.status == "Creating":
+        if row is not None and row.status == ClusterStatus.CREATING:
             done = all(
                 sum(1 for p, _ in phases(g) if p == Phase.RUNNING.value) >= g.InstanceCount
                 for g in cluster.spec.InstanceGroups
                 if g.node_type != "Controller"
             )
             if done:
-                store.set_status(self.name, "InService")
-                store.event(self.name, "Cluster", "Info", f"Cluster {self.name} is InService")
+                # expect: a delete may have begun since the row was read
+                store.set_status(self.name, ClusterStatus.IN_SERVICE, expect=ClusterStatus.CREATING)
 
     def _roll_back(self, cluster: Cluster, op: dict[str, Any], g: InstanceGroup, why: str) -> None:
         store = self.env.store

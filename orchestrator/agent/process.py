@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from ..state.store import Store
+from ..state.transitions import ClusterStatus
 
-DEAD_STATUSES = ("Deleting", "Failed", "RollingBack")
+DEAD_STATUSES = (ClusterStatus.DELETING, ClusterStatus.FAILED, ClusterStatus.ROLLING_BACK)
 
 
 def paths(home: Path, name: str) -> tuple[Path, Path, Path]:

@@ -16,6 +16,7 @@ from ..docker.views import Container
 from ..errors import NotFound
 from ..naming import SERVICE_HOSTS
 from ..slurm.conf import render
+from ..state.health_requests import Records
 from ..state.phases import Phase
 
 Log = Callable[[str], None]
@@ -167,8 +168,6 @@ def _slurm_conf(cluster: Cluster, ctl: Container | None) -> bytes:
 
 def _health_results(env: Env, name: str) -> list[dict[str, Any]]:
     """The deep health checks hp recorded for the cluster: requests and per-node results."""
-    from ..health.records import Records
-
     rec = Records(env.store)
     return [
         {

@@ -98,7 +98,7 @@ def dry_run_check(e: Any, spec: Any, catalogue: dict) -> None:
     from ..cluster.multihost import placement_problems
     from ..docker.engine import DockerEngine
     from ..errors import EngineUnavailable
-    from ..hosts.registry import hosts_registered
+    from ..state.store import hosts_registered
 
     gpu = any(catalogue[g.InstanceType].gpus for g in spec.InstanceGroups)
     if e is None and hosts_registered():

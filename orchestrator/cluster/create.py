@@ -30,6 +30,7 @@ from ..services.accounting import CreateServices, controller_files, forget_secre
 from ..slurm.conf import render
 from ..spec.model import ClusterSpec, InstanceGroup
 from ..state.phases import Phase
+from ..state.transitions import ClusterStatus
 from . import capacity
 from .context import Cluster, Env, parallel
 from .delete import remove_resources
@@ -71,7 +72,7 @@ class LaunchOutcome:
 def check_name_free(env: Env, name: str) -> None:
     row = env.store.cluster(name)
     existing = env.provider.containers(name) or env.provider.networks(name) or env.provider.volumes(name)
-    if row is not None and not (row.status == "Failed" and not existing):
+    if row is not None and not (row.status == ClusterStatus.FAILED and not existing):
         raise BadInput(
             f"a cluster named {name!r} already exists ({row.status}); "
             f"delete it first with 'hp delete {name}' or pick another --name",
@@ -166,7 +167,10 @@ def create(env: Env, spec: ClusterSpec, opts: CreateOptions, progress: Progress 
         # with the base image's tag (its layers travel anyway): GPU discovery probes in it
         refs = sorted(set(images.values()) | set(derived.values()) | {env.images.base(make=False)[0]})
         env.provider.prepare_images(refs, lambda s: progress.stage("images", s))
-    if not env.store.add_cluster(name, spec.model_dump(exclude_none=True), "Creating"):
+    mode = "continuous" if spec.continuous else "all-or-nothing"
+    if not env.store.add_cluster(
+        name, spec.model_dump(exclude_none=True), ClusterStatus.CREATING, f"{mode} provisioning"
+    ):
         raise BadInput(f"a cluster named {name!r} already exists", "name in use")
     cluster = Cluster(env, name, spec)
     with env.agents.creation_lock(name):  # no agent may act on the cluster while it is being made
@@ -176,9 +180,6 @@ def create(env: Env, spec: ClusterSpec, opts: CreateOptions, progress: Progress 
 
 
 def _create_and_record(cluster: Cluster, images: dict[str, str], opts: CreateOptions, progress: Progress) -> None:
-    env, name, spec = cluster.env, cluster.name, cluster.spec
-    mode = "continuous" if spec.continuous else "all-or-nothing"
-    env.store.event(name, "Cluster", "Info", f"Cluster {name} creation started ({mode} provisioning)")
     services = CreateServices(cluster, images)
     try:
         _create(cluster, images, opts, progress, services)
@@ -193,18 +194,16 @@ def _create_and_record(cluster: Cluster, images: dict[str, str], opts: CreateOpt
 
 def rollback(cluster: Cluster, msg: str, retain: bool, progress: Progress) -> None:
     env, name = cluster.env, cluster.name
+    # expect: nothing is written over a delete that began meanwhile
     if retain:
-        env.store.set_status(name, "Failed", msg)
-        env.store.event(name, "Cluster", "Error", f"Cluster {name} creation failed (kept with --retain): {msg}")
+        env.store.set_status(name, ClusterStatus.FAILED, msg, expect=ClusterStatus.CREATING)
         return
-    env.store.set_status(name, "RollingBack", msg)
-    env.store.event(name, "Cluster", "Error", f"Cluster {name} creation failed, rolling back: {msg}")
+    env.store.set_status(name, ClusterStatus.ROLLING_BACK, msg, expect=ClusterStatus.CREATING)
     progress.stage("rollback", "removing what was created")
     remove_resources(env.provider, name)
     cluster.key_path.unlink(missing_ok=True)  # nothing uses it any more
     forget_secrets(cluster)
-    env.store.set_status(name, "Failed", msg)
-    env.store.event(name, "Cluster", "Info", f"Cluster {name} rolled back: no container, network or volume is left")
+    env.store.set_status(name, ClusterStatus.FAILED, msg, expect=ClusterStatus.ROLLING_BACK)
 
 
 def _create(
@@ -347,8 +346,7 @@ def _start_early(
 
 
 def _in_service(cluster: Cluster) -> None:
-    cluster.store.set_status(cluster.name, "InService")
-    cluster.store.event(cluster.name, "Cluster", "Info", f"Cluster {cluster.name} is InService")
+    cluster.store.set_status(cluster.name, ClusterStatus.IN_SERVICE, expect=ClusterStatus.CREATING)
 
 
 def _start_controller(

@@ -10,6 +10,7 @@ import time
 from ..docker.provider import Provider
 from ..errors import EngineError, NotFound, OperationFailed
 from ..slurm.model import DELETING_REASON
+from ..state.transitions import ClusterStatus
 from .context import Cluster, Env, parallel
 
 NETWORK_BUSY_S = 15.0  # an overlay's endpoints on other hosts go a moment after their containers
@@ -67,8 +68,7 @@ def delete(env: Env, name: str) -> dict[str, int]:
     if row is None and not existing and not p.networks(name) and not p.volumes(name):
         raise NotFound(f"cluster {name!r} does not exist (see 'hp list')")
     if row is not None:
-        env.store.set_status(name, "Deleting")
-        env.store.event(name, "Cluster", "Info", f"Cluster {name} deletion started")
+        env.store.set_status(name, ClusterStatus.DELETING)
         env.agents.stop(name)  # nothing may launch a node while the cluster goes
         from ..health.service import stop_for_delete
 

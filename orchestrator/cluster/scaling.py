@@ -15,10 +15,11 @@ from ..errors import BadInput
 from ..naming import node_id
 from ..spec.model import SLURM_MAX_NODES
 from ..state.phases import Owner, Phase, owner
+from ..state.transitions import ClusterStatus
 from . import capacity
 from .context import Cluster, Env
 
-SCALABLE = ("InService", "Creating", "Updating")
+SCALABLE = (ClusterStatus.IN_SERVICE, ClusterStatus.CREATING)
 
 
 def _cluster(env: Env, name: str) -> Cluster:

@@ -23,14 +23,15 @@ from ..errors import TRANSIENT, OperationFailed, report_bug
 from ..recovery import actions as recovery
 from ..slurm.model import ONSTART_REASON, SlurmNode, health_reason, is_health_reason
 from ..spec.catalogue import InstanceType
+from ..state.health_requests import Records, Result, output_dir
 from ..state.phases import Phase
+from ..state.transitions import RequestState
 from . import sidecar
 from .connectivity import run_connectivity
 from .gpu import FAILING, strongest
 from .gpucheck import GpuCheckOptions, run_gpu_check
 from .limits import CpuBudget, grant_problems
 from .logic import Outcome, claim
-from .records import Records, Result, output_dir
 from .stress import (
     MEMORY_COMMAND,
     StressOptions,
@@ -348,24 +349,23 @@ def run_and_record(
     verdicts, or Failed with why; its check containers are removed either way). The
     detached worker and the agent's on-start checks both end here."""
     rec = Records(cluster.store)
-    rec.set_state(rid, "Running")
+    rec.set_state(rid, RequestState.RUNNING)
     try:
         verdicts = run_request(cluster, rid, nodes, opts, peers)
     except BaseException as e:  # noqa: BLE001 - record why, clean up, hand the nodes back, and let the caller see it
-        rec.set_state(rid, "Failed", f"{type(e).__name__}: {e}", ended=True)
+        rec.set_state(rid, RequestState.FAILED, f"{type(e).__name__}: {e}")
         sidecar.remove_all(cluster, rid)
         hand_back(cluster, rid, nodes, opts.on_start)
         raise
     rec.set_verdicts(rid, {n: str(v) for n, v in verdicts.items()}, {n: v.result for n, v in verdicts.items()})
     bad = {n: v for n, v in verdicts.items() if not v.passed}
     summary = f"{len(verdicts) - len(bad)} of {len(verdicts)} node(s) passed"
-    rec.set_state(rid, "Completed", summary, ended=True)
-    cluster.store.event(
-        cluster.name,
-        "Cluster",
-        "Info" if not bad else "Warning",
-        f"Deep health check {rid} completed: {summary}"
-        + (": " + "; ".join(f"{n} {v}" for n, v in bad.items())[:400] if bad else ""),
+    rec.set_state(
+        rid,
+        RequestState.COMPLETED,
+        summary,
+        detail=": " + "; ".join(f"{n} {v}" for n, v in bad.items())[:400] if bad else "",
+        level="Warning" if bad else None,
     )
     return verdicts
 

@@ -21,9 +21,9 @@ import os
 from ..cluster.context import Cluster
 from ..errors import OperationFailed
 from ..naming import group_prefix
+from ..state.health_requests import Records
 from .engine import Options, run_and_record
 from .logic import Outcome
-from .records import Records
 
 
 class ClusterBusy(OperationFailed):
@@ -70,13 +70,6 @@ def check_new_nodes(cluster: Cluster, nodes: list[str], opts: Options | None = N
                 f"{act.id if act else ''}; on-start checks of {', '.join(ns)} wait for it"
             )
         rec.set_pid(rid, os.getpid())  # if this process dies mid-check, status reports the request Failed
-        cluster.store.event(
-            cluster.name,
-            "Cluster",
-            "Info",
-            f"Deep health check {rid} (on start) of {', '.join(ns)} in group {group}: {', '.join(checks)}",
-            group,
-        )
         o = (
             Options(checks=checks, on_start=True)
             if opts is None

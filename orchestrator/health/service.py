@@ -13,12 +13,13 @@ from typing import Any
 from ..cluster.context import Cluster, Env
 from ..errors import BadInput, NotFound, OperationFailed, WaitTimeout
 from ..slurm.model import is_health_reason
+from ..state.health_requests import Records, Request, output_dir
 from ..state.phases import Phase
 from ..state.store import iso
+from ..state.transitions import ACTIVE, RequestState
 from . import options as option_rules
 from . import sidecar
 from .logic import CHECKS, validate_checks
-from .records import Records, Request, output_dir
 
 
 def option_problems(opts: dict[str, Any]) -> list[str]:
@@ -91,12 +92,6 @@ def start(
             f"cluster {name!r} already has an active health check {act.id if act else ''} "
             f"({act.state if act else ''}); wait for it or 'hp health-check cancel {name}'"
         )
-    env.store.event(
-        name,
-        "Cluster",
-        "Info",
-        f"Deep health check {rid} requested: {', '.join(checks)} on {len(chosen)} node(s) of {', '.join(gs)}",
-    )
     if detach:
         proc = subprocess.Popen(
             [sys.executable, "-m", "orchestrator.health.worker", name, rid],
@@ -132,8 +127,9 @@ def alive(pid: int | None) -> bool:
 def reap_dead(env: Env, rec: Records, r: Request) -> Request:
     """A request whose worker died without finishing is Failed (said so, once), and the
     nodes it held are handed back (as run_and_record would have)."""
-    if r.state in ("Pending", "Running") and r.pid and not alive(r.pid):
-        rec.set_state(r.id, "Failed", "the health-check worker process died", ended=True)
+    if r.state in ACTIVE and r.pid and not alive(r.pid):
+        # expect: another process may have reaped it meanwhile (said once)
+        rec.set_state(r.id, RequestState.FAILED, "the health-check worker process died", expect=ACTIVE)
         from .engine import hand_back
 
         try:
@@ -190,7 +186,7 @@ def wait(env: Env, name: str, rid: str, timeout: float) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while True:
         r = reap_dead(env, rec, rec.request(rid))
-        if r.state not in ("Pending", "Running"):
+        if r.state not in ACTIVE:
             return status(env, name, rid)
         if time.monotonic() > deadline:
             raise WaitTimeout(f"health check {rid} still {r.state} after {timeout:g} s")
@@ -223,7 +219,7 @@ def cancel(env: Env, name: str) -> str:
     for n in r.nodes:
         if latest.get(n, ("",))[0] == Phase.CHECKING.value:
             env.store.set_phase(name, n, Phase.RUNNING, "")
-    rec.set_state(r.id, "Cancelled", "cancelled by the user", ended=True)
+    rec.set_state(r.id, RequestState.CANCELLED, "cancelled by the user", expect=ACTIVE)  # unless it ended meanwhile
     return r.id
 
 
@@ -247,4 +243,8 @@ def dumps(doc: dict[str, Any]) -> str:
 def all_passed(doc: dict[str, Any]) -> bool:
     """Did a finished request (status() document) pass on every node?"""
     r = doc.get("Request")
-    return r is not None and r["State"] == "Completed" and all(v == "Passed" for v in r.get("Results", {}).values())
+    return (
+        r is not None
+        and r["State"] == RequestState.COMPLETED
+        and all(v == "Passed" for v in r.get("Results", {}).values())
+    )

@@ -7,9 +7,10 @@ import sys
 import traceback
 
 from ..cluster.context import Cluster, Env
+from ..state.health_requests import Records
+from ..state.transitions import RequestState
 from . import options as option_rules
 from .engine import Options, run_and_record
-from .records import Records
 from .stress import StressOptions
 
 
@@ -31,7 +32,7 @@ def main(name: str, rid: str) -> int:
         print(f"no health check {rid}", file=sys.stderr)
         return 2
     if bad := option_rules.problems(req.options):  # recorded before validation existed: touch nothing
-        Records(env.store).set_state(rid, "Failed", "invalid options: " + "; ".join(bad), ended=True)
+        Records(env.store).set_state(rid, RequestState.FAILED, "invalid options: " + "; ".join(bad))
         print("invalid health-check request: " + "; ".join(bad), file=sys.stderr)
         return 2
     opts = options(req.options)

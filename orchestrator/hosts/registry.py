@@ -27,7 +27,6 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
@@ -110,25 +109,6 @@ def record_lost(store: Store, host: str, why: str | None, since: float = 0.0, no
         store.update_host(host, **{LOST_KEY: {"why": why, "since": since, "seen": now} if why else None})
     except KeyError:  # removed meanwhile
         pass
-
-
-def hosts_registered(home: Path | None = None) -> bool:
-    """Are hosts registered? Read without making hp's state (a dry run makes none)."""
-    import sqlite3
-
-    from ..state.store import hp_home
-
-    db = (home or hp_home()) / "hp.db"
-    if not db.exists():
-        return False
-    try:
-        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
-        try:
-            return bool(con.execute("SELECT 1 FROM hosts LIMIT 1").fetchall())
-        finally:
-            con.close()
-    except sqlite3.Error:
-        return False
 
 
 def swarm_mode(store: Store) -> str:

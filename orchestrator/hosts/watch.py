@@ -45,6 +45,7 @@ from ..errors import TRANSIENT, EngineError, EngineUnavailable, report_bug
 from ..naming import node_id
 from ..state.phases import Phase, allowed
 from ..state.store import iso
+from ..state.transitions import ClusterStatus
 from .registry import record_lost
 
 log = logging.getLogger("hp.hosts")
@@ -56,7 +57,10 @@ SWEEP_EVERY_S = 5.0
 RECORD_EVERY_S = 2.0  # a lost host's record is renewed this often (registry.LOST_TRUST_S)
 FRESH_S = 20.0  # a host that came back is swept every poll this long
 REPLACE_WAIT_S = 60.0
-HANDS_OFF = ("Creating", "Deleting", "RollingBack", "Failed")
+HANDS_OFF = frozenset(
+    {ClusterStatus.CREATING, ClusterStatus.DELETING, ClusterStatus.ROLLING_BACK, ClusterStatus.FAILED}
+)
+WATCHED = frozenset(ClusterStatus) - HANDS_OFF
 CONTROLLER_LOST = "the controller's host"
 
 Replace = Callable[[Cluster, str, str, float], bool]
@@ -186,8 +190,7 @@ class HostWatch:
                 f"{CONTROLLER_LOST} {host} does not answer ({why}) since {at}: Slurm is down until it returns; "
                 "the cluster comes back with its state then (one controller per cluster, as in HyperPod)"
             )
-            store.set_status(self.name, "Degraded", msg)
-            store.event(self.name, "Cluster", "Error", f"Cluster {self.name}: {msg}")
+            store.set_status(self.name, ClusterStatus.DEGRADED, msg, expect=WATCHED)
             for n in ours:
                 self._mark(n, host, at, why, latest)
             return
@@ -294,7 +297,7 @@ class HostWatch:
     def _controller_status(self, down: dict[str, str]) -> None:
         """A cluster Degraded by its controller's host is InService again once Slurm answers."""
         row = self.env.store.cluster(self.name)
-        if row is None or row.status != "Degraded" or not row.message.startswith(CONTROLLER_LOST):
+        if row is None or row.status != ClusterStatus.DEGRADED or not row.message.startswith(CONTROLLER_LOST):
             return
         if controller_host_of(self.cluster) in down:
             return
@@ -303,9 +306,11 @@ class HostWatch:
         except TRANSIENT:
             up = False
         if up:
-            self.env.store.set_status(self.name, "InService")
-            self.env.store.event(
-                self.name, "Cluster", "Info", f"Cluster {self.name} is InService again: its controller's host is back"
+            self.env.store.set_status(
+                self.name,
+                ClusterStatus.IN_SERVICE,
+                detail="its controller's host is back",
+                expect=ClusterStatus.DEGRADED,
             )
 
 

@@ -18,6 +18,7 @@ from ..cluster.context import Cluster, Env
 from ..docker.views import Event
 from ..errors import TRANSIENT, EngineError, EngineUnavailable, report_bug
 from ..slurm.model import SlurmNode
+from ..state.transitions import ClusterStatus
 from . import actions
 from .rules import (
     BACKOFF_S,
@@ -41,7 +42,7 @@ POLL_S = 2.0
 # (each one an event): the plugin's --auto-resume-timeout default, and a margin.
 RETRY_WATCH_S = 660.0
 # Cluster statuses in which the watcher leaves nodes alone: create and delete own them.
-HANDS_OFF_CLUSTER = ("Creating", "Deleting", "RollingBack", "Failed")
+HANDS_OFF_CLUSTER = (ClusterStatus.CREATING, ClusterStatus.DELETING, ClusterStatus.ROLLING_BACK, ClusterStatus.FAILED)
 
 Act = Callable[[Cluster, str, str, str, float], bool]
 

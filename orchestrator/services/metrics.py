@@ -24,6 +24,7 @@ from typing import Any
 from ..cluster.context import Cluster
 from ..errors import TRANSIENT
 from ..naming import group_prefix
+from ..state.health_requests import Records
 from ..state.phases import Phase
 
 log = logging.getLogger("hp.metrics")
@@ -113,8 +114,6 @@ class ClusterCollector:
             for g in sorted(set(groups.values()) | set(per)):
                 fam.add_metric([name, g], per.get(g, 0))
             out.append(fam)
-        from ..health.records import Records
-
         results = CounterMetricFamily(
             "hp_health_check_results",
             "Deep health check results by check and result",

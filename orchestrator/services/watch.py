@@ -20,6 +20,7 @@ import time
 from ..cluster.context import Cluster, Env
 from ..errors import TRANSIENT, OperationFailed
 from ..naming import SERVICE_HOSTS
+from ..state.transitions import ClusterStatus
 from .accounting import DAEMON_DOWN, Health, ensure_up, health, restart, roles, service_containers
 
 log = logging.getLogger("hp.services")
@@ -29,7 +30,7 @@ HEALTH_EVERY_S = 10.0  # accounting's health (sacctmgr ping: one exec)
 HUNG_AFTER_S = 30.0
 SETTLE_S = 0.5  # after an event or a death, give the engine's state and Docker's restart policy a moment
 BACKOFF_S = 30.0
-HANDS_OFF = ("Deleting", "RollingBack", "Failed")
+HANDS_OFF = (ClusterStatus.DELETING, ClusterStatus.ROLLING_BACK, ClusterStatus.FAILED)
 
 
 class ServiceWatch:

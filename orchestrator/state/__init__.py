@@ -1,2 +1,4 @@
-"""hp's own state: the SQLite store (store.py), the node state machine and its gate
-(phases.py), and status derived from Docker, Slurm and the history (status.py)."""
+"""hp's own state, and the only code that touches SQLite: the store (store.py), the node
+state machine and its gate (phases.py), the cluster status and health-check request
+state machines (transitions.py), the health checks' requests and results
+(health_requests.py), and status derived from Docker, Slurm and the history (status.py)."""

@@ -12,6 +12,7 @@ from ..slurm.model import SlurmNode
 from ..spec.model import ClusterSpec
 from .phases import visible
 from .store import Latest
+from .transitions import GroupStatus
 
 
 @dataclass
@@ -132,16 +133,16 @@ def group_views(
         target = g.InstanceCount
         minimum = g.MinCount if g.MinCount is not None else target
         if current >= target and not failed:
-            status = "InService"
+            status = GroupStatus.IN_SERVICE
         elif current >= minimum and current > 0:
-            status = "Degraded" if failed else "InService"
+            status = GroupStatus.DEGRADED if failed else GroupStatus.IN_SERVICE
         elif pending or current < target:
-            status = "Creating" if not failed else "Degraded"
+            status = GroupStatus.CREATING if not failed else GroupStatus.DEGRADED
         else:
-            status = "Failed"
+            status = GroupStatus.FAILED
         ops = (active_ops or {}).get(g.InstanceGroupName, [])
         if ops:
-            status = "Updating" if current >= minimum else status
+            status = GroupStatus.UPDATING if current >= minimum else status
         out.append(
             {
                 "InstanceGroupName": g.InstanceGroupName,

@@ -1,5 +1,6 @@
 """hp's own state in SQLite: cluster specs and statuses, events, node phase history,
-scaling operations, small host-wide settings.
+scaling operations, small host-wide settings, registered hosts (the health checks'
+requests and results: health_requests.py, on this store's database).
 
 What exists (containers, networks, volumes) is read from Docker labels, never from
 here; this file keeps what Docker can't: the spec, the phase history and events.
@@ -19,13 +20,14 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from . import phases
 from .phases import Phase
+from .transitions import ClusterStatus, cluster_edge, expected
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS clusters (
@@ -116,7 +118,7 @@ def hp_home() -> Path:
 class ClusterRow:
     name: str
     spec: dict[str, Any]
-    status: str
+    status: ClusterStatus
     message: str
     created: float
     updated: float
@@ -171,7 +173,24 @@ def iso(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int((t % 1) * 1000):03d}Z"
 
 
+def hosts_registered(home: Path | None = None) -> bool:
+    """Are hosts registered? Read without making hp's state (a dry run makes none)."""
+    db = (home or hp_home()) / "hp.db"
+    if not db.exists():
+        return False
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+        try:
+            return bool(con.execute("SELECT 1 FROM hosts LIMIT 1").fetchall())
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return False
+
+
 class Store:
+    Error = sqlite3.Error  # what the store raises when its database fails (callers need not import sqlite3)
+
     def __init__(self, home: Path | None = None, clock: Callable[[], float] = time.time):
         self.home = home or hp_home()
         self.home.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -208,18 +227,25 @@ class Store:
         with self._lock:
             self._db.executescript(sql)
 
-    def _tx(self) -> _Tx:
+    def transaction(self) -> _Tx:
+        """A write transaction (BEGIN IMMEDIATE): `with store.transaction() as db: ...`."""
         return _Tx(self)
 
     # -- clusters -----------------------------------------------------------------------
-    def add_cluster(self, name: str, spec: dict[str, Any], status: str) -> bool:
-        """Claim a name (a new incarnation); False if a cluster of that name is recorded."""
+    def add_cluster(self, name: str, spec: dict[str, Any], status: ClusterStatus, detail: str = "") -> bool:
+        """Claim a name (a new incarnation) with its first status (through the gate) and
+        that status's event (`detail`: what the event adds); False if a cluster of that
+        name is recorded (nothing written)."""
+        new, edge = cluster_edge(name, None, status)
         now = self.clock()
         try:
-            self._x(
-                "INSERT INTO clusters (name, spec, status, message, created, updated, incarnation) VALUES (?,?,?,?,?,?,?)",
-                (name, json.dumps(spec), status, "", now, now, secrets.token_hex(6)),
-            )
+            with self.transaction() as db:
+                db.execute(
+                    "INSERT INTO clusters (name, spec, status, message, created, updated, incarnation) "
+                    "VALUES (?,?,?,?,?,?,?)",
+                    (name, json.dumps(spec), new.value, "", now, now, secrets.token_hex(6)),
+                )
+                self._note(db, name, edge.level, edge.event(name, "", detail))
             return True
         except sqlite3.IntegrityError:
             return False
@@ -233,10 +259,36 @@ class Store:
     def clusters(self) -> list[ClusterRow]:
         return [_cluster(r) for r in self._x(f"SELECT {self._COLS} FROM clusters ORDER BY created")]
 
-    def set_status(self, name: str, status: str, message: str = "") -> None:
-        self._x(
-            "UPDATE clusters SET status=?, message=?, updated=? WHERE name=?", (status, message, self.clock(), name)
-        )
+    def set_status(
+        self,
+        name: str,
+        status: ClusterStatus,
+        message: str = "",
+        *,
+        detail: str = "",
+        expect: ClusterStatus | Iterable[ClusterStatus] | None = None,
+    ) -> bool:
+        """THE writer of a cluster's status: the gate (transitions.cluster_edge) decides in
+        the write transaction that records it (InvalidTransition for an edge the table
+        refuses), and the edge's event is written with it (`detail`: what the event adds).
+        False, nothing written, when the cluster is not recorded or, with `expect`, when
+        its status is not that or one of those (someone else changed it since it was read)."""
+        with self.transaction() as db:
+            rows = db.execute("SELECT status FROM clusters WHERE name=?", (name,)).fetchall()
+            if not rows or not expected(rows[0][0], expect):
+                return False
+            new, edge = cluster_edge(name, rows[0][0], status)
+            db.execute(
+                "UPDATE clusters SET status=?, message=?, updated=? WHERE name=?",
+                (new.value, message, self.clock(), name),
+            )
+            self._note(db, name, edge.level, edge.event(name, message, detail))
+            return True
+
+    def _note(self, db: sqlite3.Connection, cluster: str, level: str | None, text: str) -> None:
+        """A status change's event (level None: the edge writes none), in the writer's transaction."""
+        if level is not None:
+            self.insert_event(db, cluster, "Cluster", level, text)
 
     def update_spec(
         self,
@@ -247,7 +299,7 @@ class Store:
         """Read-modify-write of a cluster's spec in one write transaction, so that
         concurrent `hp scale` calls (any process) never lose each other's change; with
         `node_phases`, phase changes written in the same transaction (through the gate)."""
-        with self._tx() as db:
+        with self.transaction() as db:
             rows = db.execute("SELECT spec FROM clusters WHERE name=?", (name,)).fetchall()
             if not rows:
                 raise KeyError(name)
@@ -260,7 +312,7 @@ class Store:
     def remove_cluster(self, name: str) -> None:
         """Forget a deleted cluster's spec, phases and operations (its events stay, for
         DELETED_RETENTION_S, under its last incarnation)."""
-        with self._tx() as db:
+        with self.transaction() as db:
             db.execute("DELETE FROM clusters WHERE name=?", (name,))
             db.execute("DELETE FROM node_status WHERE cluster=?", (name,))
             db.execute("DELETE FROM operations WHERE cluster=?", (name,))
@@ -310,7 +362,22 @@ class Store:
         node_id: str | None = None,
         node: str | None = None,
     ) -> None:
-        self._x(
+        with self._lock:
+            self.insert_event(self._db, cluster, resource_type, level, description, group, node_id, node)
+
+    def insert_event(
+        self,
+        db: sqlite3.Connection,
+        cluster: str,
+        resource_type: str,
+        level: str,
+        description: str,
+        group: str | None = None,
+        node_id: str | None = None,
+        node: str | None = None,
+    ) -> None:
+        """An event, on `db` (inside a writer's transaction: written with the change it tells of)."""
+        db.execute(
             "INSERT INTO events (cluster, time, resource_type, level, group_name, node_id, node, description, incarnation)"
             " VALUES (?,?,?,?,?,?,?,?, COALESCE((SELECT incarnation FROM clusters WHERE name=?), ''))",
             (cluster, self.clock(), resource_type, level, group, node_id, node, description, cluster),
@@ -388,7 +455,7 @@ class Store:
 
     def set_phase(self, cluster: str, node: str, phase: Phase | str, message: str = "") -> bool:
         """Record a node's new phase (through the gate); False when nothing changed."""
-        with self._tx() as db:
+        with self.transaction() as db:
             return self._write_phase(db, cluster, node, phase, message)
 
     def node_history(self, cluster: str, node: str) -> list[tuple[str, str, float]]:
@@ -442,7 +509,7 @@ class Store:
     def add_host(self, name: str, url: str, doc: dict[str, Any]) -> bool:
         """Record a host after the last of the others; False if the name is taken."""
         try:
-            with self._tx() as db:
+            with self.transaction() as db:
                 pos = db.execute("SELECT COALESCE(MAX(position), 0) + 1 FROM hosts").fetchall()[0][0]
                 db.execute(
                     "INSERT INTO hosts (name, url, doc, position, added) VALUES (?,?,?,?,?)",
@@ -458,7 +525,7 @@ class Store:
         return [HostRow(r[0], r[1], json.loads(r[2]), r[3], r[4]) for r in rows]
 
     def update_host(self, name: str, **changes: Any) -> None:
-        with self._tx() as db:
+        with self.transaction() as db:
             rows = db.execute("SELECT doc FROM hosts WHERE name=?", (name,)).fetchall()
             if not rows:
                 raise KeyError(name)
@@ -494,7 +561,7 @@ class Store:
         """Keep the database bounded (see the module's docstring); returns rows removed."""
         removed = {"events": 0, "node_status": 0}
         cutoff = self.clock() - DELETED_RETENTION_S
-        with self._tx() as db:
+        with self.transaction() as db:
             live = {r[0]: r[1] for r in db.execute("SELECT name, incarnation FROM clusters")}
             # events of incarnations that are over (deleted, or replaced by a new one), once old
             cur = db.execute(
@@ -548,5 +615,11 @@ class _Tx:
 
 def _cluster(r: tuple[Any, ...]) -> ClusterRow:
     return ClusterRow(
-        name=r[0], spec=json.loads(r[1]), status=r[2], message=r[3], created=r[4], updated=r[5], incarnation=r[6]
+        name=r[0],
+        spec=json.loads(r[1]),
+        status=ClusterStatus(r[2]),
+        message=r[3],
+        created=r[4],
+        updated=r[5],
+        incarnation=r[6],
     )

@@ -16,6 +16,7 @@ from orchestrator.cluster.create import CreateOptions, create
 from orchestrator.cluster.scaling import scale
 from orchestrator.errors import OperationFailed
 from orchestrator.spec.model import validate
+from orchestrator.state.transitions import ClusterStatus
 
 
 def until(cond, timeout=5.0):
@@ -36,7 +37,7 @@ def test_agent_scales_up_and_exits_when_the_cluster_goes(tmp_path):
     agent.kick()
     until(lambda: sum(1 for c in w.provider.containers("lab") if c.group == "cpu" and c.running) == 4)
     until(lambda: not w.env.store.operations("lab"))  # the scale operation closed
-    w.env.store.set_status("lab", "Deleting")
+    w.env.store.set_status("lab", ClusterStatus.DELETING)
     agent.kick()
     t.join(5)
     assert not t.is_alive()

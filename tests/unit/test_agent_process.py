@@ -18,10 +18,12 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from fakes import force_status
 
 from orchestrator.agent import process
 from orchestrator.agent.process import DEAD_STATUSES, AgentProcesses, paths
 from orchestrator.state.store import Store
+from orchestrator.state.transitions import ClusterStatus
 
 # Holds the lock and writes its pid as daemon.main does; reports SIGUSR1 (poke) on stdout.
 HOLDER = r"""
@@ -42,7 +44,8 @@ while True:
 @pytest.fixture
 def store(tmp_path: Path) -> Store:
     s = Store(tmp_path / "hphome")
-    s.add_cluster("lab", {"ClusterName": "lab"}, "InService")
+    s.add_cluster("lab", {"ClusterName": "lab"}, ClusterStatus.CREATING)
+    s.set_status("lab", ClusterStatus.IN_SERVICE)
     return s
 
 
@@ -146,7 +149,7 @@ def test_home_defaults_to_hp_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
 
 @pytest.mark.parametrize("status", DEAD_STATUSES)
 def test_ensure_starts_nothing_for_a_cluster_going_away(store: Store, no_popen: list, status: str) -> None:
-    store.set_status("lab", status, "x")
+    force_status(store, "lab", status, "x")
     assert AgentProcesses(store).ensure("lab") == {"Alive": False, "Pid": None, "Restarted": False}
     assert no_popen == []
 

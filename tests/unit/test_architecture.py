@@ -2,7 +2,10 @@
 - only orchestrator/docker imports docker-py;
 - only orchestrator/slurm runs Slurm commands;
 - importing the package does no work (no engine, no database);
-- phases are written through the store's gate only."""
+- phases are written through the store's gate only;
+- only orchestrator/state touches SQLite (imports sqlite3, holds SQL);
+- cluster statuses and health-check request states are written by their one writer,
+  given the enum (state/transitions.py)."""
 
 from __future__ import annotations
 
@@ -113,3 +116,57 @@ def test_broad_excepts_are_few_and_report_bugs() -> None:
                 sites.append((rel(p), i + 1, ok))
     assert [s for s in sites if not s[2]] == []
     assert len(sites) <= 12, sites
+
+
+def test_only_the_state_package_touches_sqlite() -> None:
+    """No module outside state/ imports sqlite3 or holds an SQL statement of hp's."""
+    sql = ("SELECT ", "INSERT INTO ", "DELETE FROM ", "CREATE TABLE ", "CREATE INDEX ", "ALTER TABLE ", "PRAGMA ")
+    offenders = []
+    for p in modules():
+        if rel(p).startswith("state/"):
+            continue
+        for node in ast.walk(ast.parse(p.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            offenders += [f"{rel(p)}:{node.lineno} imports {n}" for n in names if n.split(".")[0] == "sqlite3"]
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                text = node.value.lstrip()  # hp writes its SQL in capitals (Accounting's MariaDB probe does not)
+                if text.startswith(sql) or (text.startswith("UPDATE ") and " SET " in text):
+                    offenders.append(f"{rel(p)}:{node.lineno}: {node.value[:40]!r}")
+    assert offenders == []
+
+
+# writer -> (the argument that is the new status, counting from 0, and its enum)
+STATUS_WRITERS = {
+    "set_status": (1, "ClusterStatus"),
+    "add_cluster": (2, "ClusterStatus"),
+    "set_state": (1, "RequestState"),
+}
+
+
+def test_statuses_are_given_to_their_writer_as_the_enum() -> None:
+    """Every call of a status writer names a member (ClusterStatus.X, RequestState.X),
+    never a loose string; and only the writers' modules update those columns."""
+    offenders, calls = [], 0
+    for p in modules():
+        for node in ast.walk(ast.parse(p.read_text())):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            if node.func.attr not in STATUS_WRITERS or rel(p).startswith("state/"):
+                continue
+            i, enum = STATUS_WRITERS[node.func.attr]
+            arg = node.args[i] if len(node.args) > i else None
+            calls += 1
+            if not (isinstance(arg, ast.Attribute) and isinstance(arg.value, ast.Name) and arg.value.id == enum):
+                offenders.append(f"{rel(p)}:{node.lineno}: {node.func.attr}({ast.unparse(arg) if arg else ''})")
+    assert offenders == [] and calls >= 12
+    writers = {
+        "state/store.py": "UPDATE clusters SET status",
+        "state/health_requests.py": "UPDATE health_requests SET state",
+    }
+    for p in modules():
+        for module, stmt in writers.items():
+            assert stmt not in p.read_text() or rel(p) == module, f"{rel(p)} writes {stmt!r}"

@@ -20,7 +20,7 @@ from typing import Any
 import jsonschema
 import pytest
 import typer
-from fakes import World, spec_doc, world
+from fakes import World, force_status, spec_doc, world
 
 import orchestrator.cli as cli
 from orchestrator.cli import ci as cli_ci
@@ -35,10 +35,11 @@ from orchestrator.cluster.create import CreateOptions, create
 from orchestrator.docker import engine as engine_mod
 from orchestrator.docker.views import ExecResult
 from orchestrator.health import service
-from orchestrator.health.records import Records, Result
 from orchestrator.recovery import actions
 from orchestrator.slurm.model import JobInfo
 from orchestrator.spec.model import validate as validate_spec
+from orchestrator.state.health_requests import Records, Result
+from orchestrator.state.transitions import RequestState
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMAS = ROOT / "schemas"
@@ -273,7 +274,7 @@ def test_describe(hp: Hp) -> None:
 
 def test_describe_shows_the_failure_of_a_failed_cluster(hp: Hp) -> None:
     make(hp)
-    hp.w.env.store.set_status("lab", "Failed", "controller controller-1 could not be started")
+    force_status(hp.w.env.store, "lab", "Failed", "controller controller-1 could not be started")
     assert hp("describe", "lab").out.splitlines()[0] == "lab: Failed (controller controller-1 could not be started)"
 
 
@@ -612,7 +613,8 @@ def worker(hp: Hp, monkeypatch: pytest.MonkeyPatch):
                     ),
                 )
             rec.set_verdicts(rid, {n: f"{s.lower()}" for n, s in finish["results"].items()}, finish["results"])
-            rec.set_state(rid, "Completed", "", ended=True)
+            rec.set_state(rid, RequestState.RUNNING)
+            rec.set_state(rid, RequestState.COMPLETED, "")
         p = subprocess.Popen(["sleep", "30"], start_new_session=True, stdin=subprocess.DEVNULL)
         started.append(p)
         return p

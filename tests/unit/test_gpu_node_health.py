@@ -24,11 +24,11 @@ from orchestrator.health import engine as engine_mod
 from orchestrator.health.engine import Options, run_and_record
 from orchestrator.health.gpucheck import CHECK_PROGRAM, condemned_gpus
 from orchestrator.health.logic import claim
-from orchestrator.health.records import Records
 from orchestrator.naming import monitor_name
 from orchestrator.recovery import actions
 from orchestrator.slurm.model import SlurmNode
 from orchestrator.spec.model import validate
+from orchestrator.state.health_requests import Records
 
 chk = load_program("hp_gpu_check")
 mon = load_program("hp_gpu_monitor")

@@ -16,10 +16,10 @@ from orchestrator.errors import BadInput, NotFound
 from orchestrator.health import engine as engine_mod
 from orchestrator.health import onstart, service
 from orchestrator.health.engine import Options, run_and_record
-from orchestrator.health.records import Records
 from orchestrator.health.stress import RC_MARK, YAML_MARK, StressOptions
 from orchestrator.recovery import actions
 from orchestrator.spec.model import validate
+from orchestrator.state.health_requests import Records
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures"
 STRESS_OK = (

@@ -150,7 +150,7 @@ def test_stress_options_are_validated_and_never_reach_a_shell():
 def test_concurrent_results_get_their_own_rows(tmp_path):
     from concurrent.futures import ThreadPoolExecutor
 
-    from orchestrator.health.records import Records, Result
+    from orchestrator.state.health_requests import Records, Result
     from orchestrator.state.store import Store
 
     rec = Records(Store(tmp_path))

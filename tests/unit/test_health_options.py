@@ -214,7 +214,7 @@ def test_a_recorded_request_with_bad_options_touches_no_node(tmp_path, monkeypat
     """A request recorded before validation existed: the worker refuses it (exit 2)
     before it reads the cluster or Docker."""
     from orchestrator.health import worker
-    from orchestrator.health.records import Records
+    from orchestrator.state.health_requests import Records
     from orchestrator.state.store import Store
 
     monkeypatch.setenv("HP_HOME", str(tmp_path))

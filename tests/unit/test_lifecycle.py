@@ -19,6 +19,7 @@ from orchestrator.errors import BadInput, OperationFailed
 from orchestrator.spec.catalogue import load_catalogue
 from orchestrator.spec.lifecycle import MAX_FILES, TIMEOUT_DEFAULT, TIMEOUT_MAX
 from orchestrator.spec.model import validate, with_overrides
+from orchestrator.state.transitions import ClusterStatus
 
 CAT = load_catalogue()
 
@@ -278,7 +279,7 @@ def test_a_node_that_stops_without_a_result_or_never_answers_fails(tmp_path, mon
     s = lc_spec(w, tmp_path)
     c = Cluster(w.env, "lab", s)
     c.make_key()
-    w.env.store.add_cluster("lab", s.model_dump(exclude_none=True), "Creating")
+    w.env.store.add_cluster("lab", s.model_dump(exclude_none=True), ClusterStatus.CREATING, "a test")
     launcher = Launcher(c, w.env.images.refs())
     cid = launcher.create_many([(s.group("cpu"), 1)])["cpu-1"]
     w.provider.containers_[cid].logs = "hp-entry: lifecycle script on_create.sh\nKilled\n"

@@ -583,7 +583,7 @@ def test_removing_a_host_is_refused_while_a_controller_or_nodes_live_there(fleet
 
 def test_overlay_mtu_and_hosts_registered(tmp_path, monkeypatch):
     from orchestrator.hosts import registry
-    from orchestrator.state.store import HostRow, Store
+    from orchestrator.state.store import HostRow, Store, hosts_registered
 
     rows = [HostRow("a", "unix:///a", {"mtu": 1400}, 1, 0.0), HostRow("b", "unix:///b", {}, 2, 0.0)]
     monkeypatch.delenv("HP_OVERLAY_MTU", raising=False)
@@ -592,12 +592,12 @@ def test_overlay_mtu_and_hosts_registered(tmp_path, monkeypatch):
     monkeypatch.setenv("HP_OVERLAY_MTU", "1300")
     assert registry.overlay_mtu(rows) == 1300
     assert [registry.managers_wanted(n) for n in range(1, 6)] == [1, 1, 3, 3, 3]
-    assert not registry.hosts_registered(tmp_path / "none")  # reads, makes nothing
+    assert not hosts_registered(tmp_path / "none")  # reads, makes nothing
     assert not (tmp_path / "none").exists()
     st = Store(tmp_path / "h")
-    assert not registry.hosts_registered(tmp_path / "h")
+    assert not hosts_registered(tmp_path / "h")
     st.add_host("a", "unix:///a", {})
-    assert registry.hosts_registered(tmp_path / "h")
+    assert hosts_registered(tmp_path / "h")
 
 
 def test_scaling_bound_is_the_sum_over_hosts(tmp_path):

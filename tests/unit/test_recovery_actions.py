@@ -7,7 +7,7 @@ import threading
 import time
 
 import pytest
-from fakes import spec_doc, world
+from fakes import force_status, spec_doc, world
 
 from orchestrator.cluster.context import Cluster
 from orchestrator.cluster.create import CreateOptions, create
@@ -235,7 +235,7 @@ def test_watcher_keeps_its_hands_off_nodes_others_own_and_clusters_being_made(w)
     wt.poll()
     join(wt)
     assert calls == []
-    w.env.store.set_status("lab", "Creating")
+    force_status(w.env.store, "lab", "Creating")
     w.provider.die("lab", "cpu-2")
     assert wt.poll() and calls == []
     w.env.store.remove_cluster("lab")

@@ -11,12 +11,15 @@ from orchestrator.errors import InvalidTransition
 from orchestrator.state import store as store_mod
 from orchestrator.state.phases import Phase
 from orchestrator.state.store import Store
+from orchestrator.state.transitions import ClusterStatus
+
+STARTED = "Cluster lab creation started (a test)"  # the event of the fixture's first status
 
 
 @pytest.fixture
 def st(tmp_path):
     s = Store(tmp_path / "home")
-    s.add_cluster("lab", {"ClusterName": "lab", "InstanceGroups": []}, "InService")
+    s.add_cluster("lab", {"ClusterName": "lab", "InstanceGroups": []}, ClusterStatus.CREATING, "a test")
     return s
 
 
@@ -55,11 +58,11 @@ def test_events_belong_to_one_incarnation_of_a_name(st):
     st.event("lab", "Cluster", "Info", "first life")
     st.event("lab", "Cluster", "Info", "deleted")
     st.remove_cluster("lab")
-    assert [e.description for e in st.events("lab")] == ["first life", "deleted"]  # still readable after delete
+    assert [e.description for e in st.events("lab")] == [STARTED, "first life", "deleted"]  # readable after delete
     assert st.has_events("lab")
-    st.add_cluster("lab", {"ClusterName": "lab", "InstanceGroups": []}, "Creating")
+    st.add_cluster("lab", {"ClusterName": "lab", "InstanceGroups": []}, ClusterStatus.CREATING, "a test")
     st.event("lab", "Cluster", "Info", "second life")
-    assert [e.description for e in st.events("lab")] == ["second life"]
+    assert [e.description for e in st.events("lab")] == [STARTED, "second life"]
     assert not st.has_events("never") and st.events("never") == []
 
 
@@ -70,7 +73,7 @@ def test_events_page_from_the_newest(st):
     assert [e.description for e in page] == [f"e{i}" for i in range(40, 50)]  # newest, oldest first
     after = st.events("lab", after_id=page[-3].id, limit=100)
     assert [e.description for e in after] == ["e48", "e49"]
-    assert len(st.events("lab", limit=10**9)) == 50  # clamped to PAGE_MAX, no error
+    assert len(st.events("lab", limit=10**9)) == 51  # clamped to PAGE_MAX, no error (and the fixture's)
     follow = st.follow_events("lab", after_id=page[-1].id, poll=0.01, until=lambda: True)
     assert list(follow) == []
 
@@ -85,7 +88,7 @@ def test_prune_keeps_the_database_bounded(st, monkeypatch):
         st.set_phase("lab", "cpu-1", Phase.LAUNCH_FAILED, "a")
         st.set_phase("lab", "cpu-1", Phase.LAUNCH_FAILED, "b")
     removed = st.prune()
-    assert removed["events"] == 7 and [e.description for e in st.events("lab")][0] == "e7"
+    assert removed["events"] == 8 and [e.description for e in st.events("lab")][0] == "e7"
     assert len(st.node_history("lab", "cpu-1")) == 4 and removed["node_status"] == 7
     # a deleted cluster's events go once they are older than the retention
     st.remove_cluster("lab")
@@ -113,7 +116,8 @@ def test_store_migrates_an_old_database_and_is_private(tmp_path):
     assert [e.description for e in st.events("old")] == ["after the upgrade"]
     fresh = Store(tmp_path / "new")
     assert oct(fresh.path.stat().st_mode & 0o777) == "0o600"
-    assert st.add_cluster("old", {}, "x") is False
+    assert st.add_cluster("old", {}, ClusterStatus.CREATING) is False
+    assert st.cluster("old").status is ClusterStatus.IN_SERVICE  # a status written by an older hp reads as one
 
 
 def test_operations_and_kv(st):

@@ -1,14 +1,22 @@
-"""Health-check requests and results in hp's SQLite database (tables made on first use)."""
+"""Deep health-check requests and their results, in hp's SQLite database (the store's
+connection; tables made on first use, as the first releases made them).
+
+`Records.set_state` is THE writer of a request's state (and `new_request` of its first):
+the gate (transitions.request_edge) decides in the write transaction that records the
+change, and the edge's event is written in it.
+"""
 
 from __future__ import annotations
 
 import json
 import secrets
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..state.store import Store, iso
+from .store import Store, iso
+from .transitions import ACTIVE, RequestState, expected, request_edge
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS health_requests (
@@ -25,14 +33,13 @@ CREATE TABLE IF NOT EXISTS health_results (
 );
 CREATE INDEX IF NOT EXISTS health_results_req ON health_results(request, id);
 """
-ACTIVE = ("Pending", "Running")
 
 
 @dataclass
 class Request:
     id: str
     cluster: str
-    state: str
+    state: RequestState
     checks: list[str]
     groups: list[str]
     nodes: list[str]
@@ -79,26 +86,41 @@ class Records:
     def new_request(
         self, cluster: str, checks: list[str], groups: list[str], nodes: list[str], options: dict[str, Any]
     ) -> str | None:
-        """Record a request; None if the cluster already has an active one (one statement,
-        so two racing CLIs can't both get in)."""
+        """Record a request (Pending) and its event; None, nothing written, if the cluster
+        already has an active one (one write transaction, so two racing CLIs can't both
+        get in)."""
         rid = "hc-" + secrets.token_hex(4)
-        self.s.execute(
-            "INSERT INTO health_requests (id, cluster, state, checks, groups_, nodes, options, created) "
-            "SELECT ?,?,?,?,?,?,?,? WHERE NOT EXISTS (SELECT 1 FROM health_requests WHERE cluster=? AND state IN (?,?))",
-            (
-                rid,
+        new, edge = request_edge(rid, None, RequestState.PENDING)
+        with self.s.transaction() as db:
+            cur = db.execute(
+                "INSERT INTO health_requests (id, cluster, state, checks, groups_, nodes, options, created) "
+                "SELECT ?,?,?,?,?,?,?,? WHERE NOT EXISTS "
+                "(SELECT 1 FROM health_requests WHERE cluster=? AND state IN (?,?))",
+                (
+                    rid,
+                    cluster,
+                    new.value,
+                    json.dumps(checks),
+                    json.dumps(groups),
+                    json.dumps(nodes),
+                    json.dumps(options),
+                    self.s.clock(),
+                    cluster,
+                    *sorted(s.value for s in ACTIVE),
+                ),
+            )
+            if cur.rowcount != 1:
+                return None
+            on_start = bool(options.get("on_start"))
+            self.s.insert_event(
+                db,
                 cluster,
-                "Pending",
-                json.dumps(checks),
-                json.dumps(groups),
-                json.dumps(nodes),
-                json.dumps(options),
-                self.s.clock(),
-                cluster,
-                *ACTIVE,
-            ),
-        )
-        return rid if self.request(rid) else None
+                "Cluster",
+                edge.level,
+                edge.event(rid, "", requested(checks, groups, nodes, on_start)),
+                groups[0] if on_start else None,
+            )
+        return rid
 
     def forget(self, cluster: str) -> None:
         """A deleted cluster's requests and results go with it."""
@@ -124,11 +146,34 @@ class Records:
     def active(self, cluster: str) -> Request | None:
         return next((r for r in self.requests(cluster) if r.state in ACTIVE), None)
 
-    def set_state(self, rid: str, state: str, message: str = "", ended: bool = False) -> None:
-        self.s.execute(
-            "UPDATE health_requests SET state=?, message=?, ended=? WHERE id=?",
-            (state, message, self.s.clock() if ended else None, rid),
-        )
+    def set_state(
+        self,
+        rid: str,
+        state: RequestState,
+        message: str = "",
+        *,
+        detail: str = "",
+        level: str | None = None,
+        expect: RequestState | Iterable[RequestState] | None = None,
+    ) -> bool:
+        """THE writer of a request's state: the gate decides in the write transaction that
+        records it (InvalidTransition for an edge the table refuses), and the edge's event
+        is written with it (`detail`: what the event adds; `level`: instead of the edge's).
+        A state that is not active ends the request (its end time). False, nothing
+        written, when the request is not recorded or, with `expect`, when its state is not
+        that or one of those (someone else changed it since it was read)."""
+        with self.s.transaction() as db:
+            rows = db.execute("SELECT state, cluster FROM health_requests WHERE id=?", (rid,)).fetchall()
+            if not rows or not expected(rows[0][0], expect):
+                return False
+            new, edge = request_edge(rid, rows[0][0], state)
+            db.execute(
+                "UPDATE health_requests SET state=?, message=?, ended=? WHERE id=?",
+                (new.value, message, None if new in ACTIVE else self.s.clock(), rid),
+            )
+            if edge.level is not None:
+                self.s.insert_event(db, rows[0][1], "Cluster", level or edge.level, edge.event(rid, message, detail))
+            return True
 
     def set_verdicts(self, rid: str, verdicts: dict[str, str], results: dict[str, str]) -> None:
         """Keep node -> final verdict (words) and result (Passed, Failed, Skipped, Error)
@@ -189,6 +234,13 @@ class Records:
         ]
 
 
+def requested(checks: list[str], groups: list[str], nodes: list[str], on_start: bool) -> str:
+    """What a new request's event (None -> Pending) says it checks, where."""
+    if on_start:
+        return f"(on start) of {', '.join(nodes)} in group {groups[0]}: {', '.join(checks)}"
+    return f"requested: {', '.join(checks)} on {len(nodes)} node(s) of {', '.join(groups)}"
+
+
 def output_dir(store: Store, cluster: str, rid: str) -> Path:
     d = store.cluster_dir(cluster) / "health" / rid
     d.mkdir(parents=True, exist_ok=True)
@@ -199,7 +251,7 @@ def _req(r: tuple[Any, ...]) -> Request:
     return Request(
         r[0],
         r[1],
-        r[2],
+        RequestState(r[2]),
         json.loads(r[3]),
         json.loads(r[4]),
         json.loads(r[5]),

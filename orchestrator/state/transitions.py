@@ -1,0 +1,168 @@
+"""The cluster's status and a health-check request's state, as data (like the node phases
+in phases.py): each an enum and a transition table listing every allowed edge, why it
+exists and the event a change along it writes.
+
+One writer each: `Store.set_status` (and `Store.add_cluster`, the first status) for a
+cluster, `Records.set_state` (and `Records.new_request`) in health_requests.py for a
+request. The writer calls `edge()` in the write transaction that records the change, so
+an edge the table does not list (or a name that is not a member) raises
+InvalidTransition and nothing is written; the edge's event goes in the same transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import Enum
+from typing import TypeVar
+
+from ..errors import InvalidTransition
+
+
+class ClusterStatus(str, Enum):
+    """A cluster's recorded status (HyperPod's ClusterStatus, plus Degraded)."""
+
+    CREATING = "Creating"
+    IN_SERVICE = "InService"
+    FAILED = "Failed"
+    ROLLING_BACK = "RollingBack"
+    DELETING = "Deleting"
+    DEGRADED = "Degraded"  # its controller's host does not answer: Slurm is down until it returns
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class GroupStatus(str, Enum):
+    """An instance group's status, derived from its nodes each time (state/status.py):
+    never recorded, so it has no transition table."""
+
+    CREATING = "Creating"
+    IN_SERVICE = "InService"
+    UPDATING = "Updating"
+    DEGRADED = "Degraded"
+    FAILED = "Failed"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class RequestState(str, Enum):
+    """A deep health-check request's state (`hp health-check status`)."""
+
+    PENDING = "Pending"  # recorded; its worker (or the agent, on start) is about to run it
+    RUNNING = "Running"
+    COMPLETED = "Completed"  # ran to its end: the verdicts are recorded (passed or not)
+    FAILED = "Failed"  # the request itself failed (not its checks): its worker died, bad options, an error
+    CANCELLED = "Cancelled"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+S = ClusterStatus
+R = RequestState
+State = TypeVar("State", ClusterStatus, RequestState)
+
+
+@dataclass(frozen=True)
+class Edge:
+    """An allowed change: why it exists, and the event it writes (level None: none).
+    The text's fields: {name} (the cluster, or the request's id), {message} (the status
+    message recorded with it), {detail} (what the writer's caller adds, event only)."""
+
+    why: str
+    level: str | None = None
+    text: str = ""
+
+    def event(self, name: str, message: str = "", detail: str = "") -> str:
+        return self.text.format(name=name, message=message, detail=detail)
+
+
+# (from, to): the edge. None as `from`: the first status, written when the cluster is recorded.
+CLUSTER: dict[tuple[ClusterStatus | None, ClusterStatus], Edge] = {
+    (None, S.CREATING): Edge("hp create recorded it", "Info", "Cluster {name} creation started ({detail})"),
+    (S.CREATING, S.IN_SERVICE): Edge(
+        "its controller (and, all-or-nothing, every node) came up", "Info", "Cluster {name} is InService"
+    ),
+    (S.CREATING, S.ROLLING_BACK): Edge(
+        "its creation failed: what was made is removed",
+        "Error",
+        "Cluster {name} creation failed, rolling back: {message}",
+    ),
+    (S.CREATING, S.FAILED): Edge(
+        "its creation failed and --retain keeps what was made",
+        "Error",
+        "Cluster {name} creation failed (kept with --retain): {message}",
+    ),
+    (S.ROLLING_BACK, S.FAILED): Edge(
+        "the rollback removed everything", "Info", "Cluster {name} rolled back: no container, network or volume is left"
+    ),
+    (S.IN_SERVICE, S.DEGRADED): Edge("its controller's host does not answer", "Error", "Cluster {name}: {message}"),
+    (S.DEGRADED, S.DEGRADED): Edge(
+        "its controller's host was lost again before it was back", "Error", "Cluster {name}: {message}"
+    ),
+    (S.DEGRADED, S.IN_SERVICE): Edge(
+        "its controller's host is back", "Info", "Cluster {name} is InService again: {detail}"
+    ),
+    **{
+        (frm, S.DELETING): Edge(f"hp delete of a cluster {frm}", "Info", "Cluster {name} deletion started")
+        for frm in (S.CREATING, S.IN_SERVICE, S.FAILED, S.DEGRADED, S.ROLLING_BACK)
+    },
+    (S.DELETING, S.DELETING): Edge(
+        "hp delete again (an earlier one was interrupted)", "Info", "Cluster {name} deletion started"
+    ),
+}
+
+REQUEST: dict[tuple[RequestState | None, RequestState], Edge] = {
+    # {detail}: what was requested, said by the writer from the request (health_requests.requested)
+    (None, R.PENDING): Edge(
+        "hp health-check start, or new nodes with on-start checks", "Info", "Deep health check {name} {detail}"
+    ),
+    (R.PENDING, R.RUNNING): Edge("its worker (or the agent) started it; the request's event said so"),
+    (R.PENDING, R.FAILED): Edge(
+        "its worker died before it ran, or its recorded options are invalid",
+        "Error",
+        "Deep health check {name} failed: {message}",
+    ),
+    (R.PENDING, R.CANCELLED): Edge("cancelled before it ran", "Info", "Deep health check {name}: {message}"),
+    (R.RUNNING, R.COMPLETED): Edge(
+        "every node has its verdict", "Info", "Deep health check {name} completed: {message}{detail}"
+    ),
+    (R.RUNNING, R.FAILED): Edge(
+        "its worker died, or the request hit an error", "Error", "Deep health check {name} failed: {message}"
+    ),
+    (R.RUNNING, R.CANCELLED): Edge("hp health-check cancel", "Info", "Deep health check {name}: {message}"),
+}
+
+ACTIVE = frozenset({R.PENDING, R.RUNNING})  # a cluster has at most one active request
+
+
+def edge(
+    table: dict[tuple[State | None, State], Edge], kind: type[State], what: str, frm: str | None, to: str
+) -> tuple[State, Edge]:
+    """The gate: (the new state, its edge), or InvalidTransition for an edge `table`
+    does not list or a name that is not a `kind`."""
+    try:
+        f, t = (kind(frm) if frm is not None else None), kind(to)
+    except ValueError:
+        raise InvalidTransition(f"{what}: unknown {kind.__name__} in {frm!r} -> {to!r}") from None
+    e = table.get((f, t))
+    if e is None:
+        raise InvalidTransition(f"{what}: {f or '(none)'} -> {t} is not an allowed {kind.__name__} change")
+    return t, e
+
+
+def expected(current: str, expect: Enum | Iterable[Enum] | None) -> bool:
+    """Is the recorded value `current` what a writer's caller expects (None: anything)?"""
+    if expect is None:
+        return True
+    return current in ({expect.value} if isinstance(expect, Enum) else {e.value for e in expect})
+
+
+def cluster_edge(name: str, frm: str | None, to: str) -> tuple[ClusterStatus, Edge]:
+    return edge(CLUSTER, ClusterStatus, f"cluster {name}", frm, to)
+
+
+def request_edge(rid: str, frm: str | None, to: str) -> tuple[RequestState, Edge]:
+    return edge(REQUEST, RequestState, f"health check {rid}", frm, to)
