@@ -21,7 +21,7 @@ from .reference import reference_problem
 
 NAME_RE = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9])*$")
 NAME_MAX = 63
-SLURM_MAX_NODES = 65536  # slurmctld refuses a MaxNodeCount above this
+SLURM_MAX_NODES = specnames.SLURM_MAX_NODE_COUNT  # slurmctld refuses a MaxNodeCount above this
 MIN_MAX_NODES = 128
 CHECKS = ("InstanceStress", "InstanceConnectivity")
 # The cluster services' defaults (docs/accounting.md says why): accounting adds ~1.2 s to
@@ -302,6 +302,8 @@ def _semantic_problems(raw: dict[str, Any], catalogue: dict[str, InstanceType], 
         if isinstance(count, int) and not isinstance(count, bool):
             if count < 0:
                 problems.append(f"{path}.InstanceCount: must be >= 0, got {count}")
+            elif count > SLURM_MAX_NODES:
+                problems.append(f"{path}.InstanceCount: must be at most {SLURM_MAX_NODES} (Slurm's limit), got {count}")
             if ntype == "Controller" and count != 1:
                 problems.append(f"{path}.InstanceCount: a Controller group has exactly 1 instance, got {count}")
             mc = g.get("MinCount")
