@@ -37,7 +37,7 @@ from string import Template
 from ..cluster.context import SLURM_UID, Cluster
 from ..docker.views import Container, ContainerSpec
 from ..errors import EngineError, OperationFailed
-from ..naming import SERVICE_HOSTS, database_volume, labels, network_name, service_container
+from ..naming import L_CLUSTER, SERVICE_HOSTS, database_volume, labels, network_name, service_container
 from ..slurm.conf import SERVICES, slurmdbd_conf
 
 log = logging.getLogger("hp")
@@ -112,7 +112,7 @@ def roles(cluster: Cluster) -> list[str]:
 def service_containers(cluster: Cluster, containers: list[Container] | None = None) -> dict[str, Container]:
     """role -> its container, for the services that exist."""
     cs = containers if containers is not None else cluster.containers()
-    return {c.role: c for c in cs if c.role in SERVICE_HOSTS and c.labels.get("io.hp.cluster") == cluster.name}
+    return {c.role: c for c in cs if c.role in SERVICE_HOSTS and c.labels.get(L_CLUSTER) == cluster.name}
 
 
 # -- containers -------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from fakes import FIXTURES, gpu_host, h200_uuid, spec_doc, world
 from gpu_fakes import FakeBackend, FakeNvml, h200_gpu, load_program
 from test_health_engine import STRESS_OK
 
-from orchestrator.agent.gpuwatch import L_WATCHES, GpuWatch
+from orchestrator.agent.gpuwatch import GpuWatch
 from orchestrator.cluster import capacity
 from orchestrator.cluster.context import Cluster
 from orchestrator.cluster.create import CreateOptions, create
@@ -25,7 +25,7 @@ from orchestrator.health.engine import Options, run_and_record
 from orchestrator.health.gpucheck import CHECK_PROGRAM, condemned_gpus
 from orchestrator.health.logic import claim
 from orchestrator.health.records import Records
-from orchestrator.naming import monitor_name
+from orchestrator.naming import L_WATCHES, monitor_name
 from orchestrator.recovery import actions
 from orchestrator.slurm.model import SlurmNode
 from orchestrator.spec.model import validate
