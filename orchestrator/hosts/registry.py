@@ -40,6 +40,7 @@ from ..docker.views import NODE_ROLES, EngineInfo
 from ..errors import BadInput, EngineError, EngineUnavailable, NotFound, OperationFailed
 from ..naming import L_CLUSTER
 from ..spec.model import name_problem
+from ..state.phases import Phase
 from ..state.store import HostRow, Store, iso
 from . import probe
 
@@ -453,7 +454,7 @@ def nodes_on(store: Store, host: str, engine: DockerEngine | None) -> dict[str, 
             if row is None:
                 continue
             phase = store.latest_phases(cl).get(node, ("",))[0]
-            if phase != "Removed":
+            if phase != Phase.REMOVED:
                 out.setdefault(cl, []).append((node, "controller" if node == _controller_of(row.spec) else "node"))
     return out
 
