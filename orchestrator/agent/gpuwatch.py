@@ -9,7 +9,7 @@ default). The agent follows each monitor's output through the Provider (one bloc
 log stream per node: no polling) and feeds it to health/gpumonitor.py's MonitorState,
 which reports only what is new. Then (gpumonitor.decide):
 
-- a failing finding drains the node with a reason naming it (`hp-gpu:<action>:<code>
+- a failing finding drains the node with a reason naming it (`hp:gpu:<action>:<code>
   <message>`, slurm/model.py), and records an event;
 - with `NodeRecovery: Automatic` a replace-class finding replaces the node at once
   (its GPUs are quarantined first: capacity.quarantine, so the new node gets others),

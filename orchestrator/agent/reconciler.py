@@ -279,7 +279,7 @@ class GroupReconciler:
             ci = active[n]
             if not ci.running or sn is None or sn.not_responding:
                 score = 0  # broken or not yet joined
-            elif sn.base == "IDLE":
+            elif sn.idle:
                 score = 1
             else:
                 score = 2  # running jobs: last

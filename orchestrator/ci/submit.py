@@ -106,7 +106,7 @@ def submit(
     if job is None:
         cluster.slurm.cancel(target, job_id, DEFAULT_USER)
         raise WaitTimeout(f"job {job_id} did not finish within {timeout:g} s (cancelled); output in {out_file}")
-    if job.state != "COMPLETED":
+    if not job.completed:
         write(f"hp: job {job_id} ended {job.state}\n".encode())
     return SubmitResult(name, job_id, job.ci_exit_code(), remote, out_file, b"".join(shown).decode(errors="replace"))
 

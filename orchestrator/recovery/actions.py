@@ -220,7 +220,7 @@ def wait_usable(cluster: Cluster, t: Target, cid: str, deadline: float, keep_dra
             snode = _slurm_node(cluster, t.node)
             if snode is not None and snode.usable:
                 return True
-            if snode is not None and snode.drained and snode.reason in ours and not snode.not_responding:
+            if snode is not None and snode.drained_for(*ours) and not snode.not_responding:
                 return True
             # Slurm keeps a FAIL (admin's Action:*) or DOWN node so until told: resume it
             # once slurmd answers again (no NOT_RESPONDING), at most every 2 s.
