@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import waits
 from ..cluster.context import DEFAULT_UID, DEFAULT_USER, Cluster, Env
 from ..cluster.exec import exec_target
 from ..docker.provider import Provider
@@ -124,9 +125,9 @@ def _follow(
 
 def _wait_job(cluster: Cluster, job_id: int, deadline: float) -> JobInfo | None:
     """The job once it has ended; None at the deadline."""
-    while time.monotonic() < deadline:
-        job = cluster.slurm.job(job_id)
-        if job is not None and job.ended:
-            return job
-        time.sleep(POLL)
-    return None
+
+    def ended(job: JobInfo | None) -> bool:
+        return job is not None and job.ended
+
+    job = waits.poll(lambda: cluster.slurm.job(job_id), ended, every=POLL, deadline=deadline)
+    return job if ended(job) else None

@@ -13,7 +13,10 @@ import time
 from dataclasses import dataclass
 from enum import Enum
 
+from tenacity import wait_exponential
+
 from ..errors import InvalidTransition
+from ..waits import slept_after
 
 
 class Phase(str, Enum):
@@ -242,11 +245,9 @@ class Backoff:
     maximum: float = 10.0
 
     def delay(self, attempt: int) -> float:
-        from tenacity import RetryCallState, wait_exponential
-
-        state = RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
-        state.attempt_number = max(attempt, 1)
-        return float(wait_exponential(multiplier=self.initial, min=self.initial, max=self.maximum)(state))
+        # 2**31 times the first wait is past any maximum: later tries wait the same
+        wait = wait_exponential(multiplier=self.initial, min=self.initial, max=self.maximum)
+        return float(slept_after(wait, min(max(attempt, 1), 32)))
 
 
 def now() -> float:

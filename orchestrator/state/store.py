@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import waits
 from . import phases
 from .phases import Phase
 
@@ -360,7 +361,7 @@ class Store:
                 yield e
             if until():
                 return
-            time.sleep(poll)
+            waits.pause(poll)
 
     # -- node phases (Ray-style: timeouts and retry counts derive from the history) ------
     @staticmethod
