@@ -342,7 +342,7 @@ class DockerEngine:
             host_kw["binds"][host] = {"bind": ctr, "mode": mode}
         devices = list(spec.devices)
         env = dict(spec.environment)
-        if spec.gpus:  # orchestrator/gpu/wiring.GpuWiring: the node's GPUs
+        if spec.gpus:  # the node's GPUs (GpuWiring, orchestrator/gpu/wiring.py)
             from docker.types import DeviceRequest
 
             devices += spec.gpus.devices

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from .verdict import Verdict, num, verdict
 
 # --------------------------------------------------------------------------
-# MPI allreduce check (healthchecks/cpu/mpi_allreduce.c)
+# MPI allreduce check (orchestrator/data/images/check-cpu/mpi_allreduce.c)
 # --------------------------------------------------------------------------
 
 
@@ -41,7 +41,7 @@ _MPI_LINE = re.compile(r"HP-MPI rank=(\d+) size=(\d+) host=(\S+) sum=(\S+) expec
 
 
 def parse_mpi_allreduce(text: str) -> MpiResult:
-    """Parse the output of healthchecks/cpu/mpi_allreduce.c. Never raises:
+    """Parse the output of the check program mpi_allreduce.c. Never raises:
     no lines at all is a verdict, not a parse error."""
     res = MpiResult()
     for line in text.splitlines():
