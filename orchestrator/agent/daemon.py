@@ -223,7 +223,7 @@ class Agent:
                 self._roll_back(cluster, op, g, failed[0])
                 continue
             running = sum(1 for p, _ in ph if p == Phase.RUNNING.value)
-            busy = any(p in ("Queued", "Launching", "LaunchFailed", "ShuttingDown") for p, _ in ph)
+            busy = any(p in (Phase.QUEUED, Phase.LAUNCHING, Phase.LAUNCH_FAILED, Phase.SHUTTING_DOWN) for p, _ in ph)
             if running == g.InstanceCount and not busy:
                 store.end_operation(op["id"], "Succeeded")
                 store.event(

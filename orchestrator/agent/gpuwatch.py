@@ -9,7 +9,7 @@ default). The agent follows each monitor's output through the Provider (one bloc
 log stream per node: no polling) and feeds it to health/gpumonitor.py's MonitorState,
 which reports only what is new. Then (gpumonitor.decide):
 
-- a failing finding drains the node with a reason naming it (`hp-gpu:<action>:<code>
+- a failing finding drains the node with a reason naming it (`hp:gpu:<action>:<code>
   <message>`, slurm/model.py), and records an event;
 - with `NodeRecovery: Automatic` a replace-class finding replaces the node at once
   (its GPUs are quarantined first: capacity.quarantine, so the new node gets others),
@@ -40,7 +40,7 @@ from ..gpu.wiring import GpuWiringError
 from ..health.gpu import FAILING, Finding
 from ..health.gpucheck import condemned_gpus, node_wiring
 from ..health.gpumonitor import MonitorDecision, MonitorState, decide
-from ..naming import L_GPU_MODE, labels, monitor_name
+from ..naming import L_GPU_MODE, L_ROLE, L_WATCHES, labels, monitor_name
 from ..recovery import actions
 from ..state.phases import Owner, owner
 
@@ -48,7 +48,6 @@ log = logging.getLogger("hp.gpuwatch")
 
 MONITOR_PROGRAM = "/opt/hp-gpu/bin/hp_gpu_monitor.py"
 ROLE = "gpu-monitor"
-L_WATCHES = "io.hp.watches"  # the node container a monitor watches
 WIRED_MODES = ("runtime", "cdi", "devices")
 MONITOR_CPUS = 0.2  # a ceiling; it uses far less (bench/health.py measures it)
 MONITOR_MEMORY = 256 << 20
@@ -201,7 +200,7 @@ class GpuWatch:
         with self.lock:
             self.states[n] = MonitorState(expected_gpus=len(node.gpus))
         log.info("GPU monitor of %s started", n)
-        return next((x for x in p.containers(c.name, {"io.hp.role": ROLE}) if x.id == cid), None)
+        return next((x for x in p.containers(c.name, {L_ROLE: ROLE}) if x.id == cid), None)
 
     def _follow(self, node: str, cid: str, ncont: Container) -> None:
         with self.lock:

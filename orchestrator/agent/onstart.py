@@ -5,7 +5,6 @@ per cluster at a time)."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 
 RETRY_BUSY_S = 5.0
@@ -50,7 +49,7 @@ class OnStartQueue:
         try:
             self.check(batch)
         except self.busy:  # an on-demand check is running: try again soon
-            time.sleep(RETRY_BUSY_S)
+            self.stop.wait(RETRY_BUSY_S)
             with self._cv:
                 self._nodes = batch + self._nodes
             return
@@ -64,5 +63,5 @@ class OnStartQueue:
             with self._cv:
                 while not self._nodes and not self.stop.is_set():
                     self._cv.wait(5)
-            time.sleep(GATHER_S)
+            self.stop.wait(GATHER_S)
             self.run_once()

@@ -12,16 +12,17 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from .. import waits
 from ..state.store import Store
 from ..state.transitions import ClusterStatus
 
 DEAD_STATUSES = (ClusterStatus.DELETING, ClusterStatus.FAILED, ClusterStatus.ROLLING_BACK)
+KILLED_WAIT_S = 1.0  # for a SIGKILLed agent to be gone (its lock released)
 
 
 def paths(home: Path, name: str) -> tuple[Path, Path, Path]:
@@ -106,12 +107,13 @@ class AgentProcesses:
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
             return
-        deadline = time.monotonic() + timeout
-        while self.pid(name) is not None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if self.pid(name) is not None:
+
+        def gone() -> bool:
+            return self.pid(name) is None
+
+        if not waits.poll(gone, every=0.05, timeout=timeout):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            time.sleep(0.1)
+            waits.poll(gone, every=0.05, timeout=KILLED_WAIT_S)

@@ -15,7 +15,7 @@ from ..cluster.context import Cluster, parallel
 from ..cluster.launcher import Launcher
 from ..docker.views import Container
 from ..errors import LaunchError, OperationFailed
-from ..naming import group_prefix, node_id, node_name, split_node
+from ..naming import L_GROUP, group_prefix, node_id, node_name, split_node
 from ..slurm.model import REMOVING_REASON, SlurmNode
 from ..spec.model import InstanceGroup
 from ..state.phases import Backoff, History, Owner, Phase, owner
@@ -86,7 +86,7 @@ class GroupReconciler:
         prefix = self.group.lower()
         latest = {n: v for n, v in latest_all.items() if group_prefix(n) == prefix}
         now = self.clock()
-        listed = self.c.current(self.c.p.containers(self.c.name, {"io.hp.group": self.group}))
+        listed = self.c.current(self.c.p.containers(self.c.name, {L_GROUP: self.group}))
         mine = {c.node: c for c in listed if c.is_node and c.node}
         phase = {n: v[0] for n, v in latest.items()}
         nxt = RESYNC
@@ -279,7 +279,7 @@ class GroupReconciler:
             ci = active[n]
             if not ci.running or sn is None or sn.not_responding:
                 score = 0  # broken or not yet joined
-            elif sn.base == "IDLE":
+            elif sn.idle:
                 score = 1
             else:
                 score = 2  # running jobs: last

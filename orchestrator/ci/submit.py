@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import waits
 from ..cluster.context import DEFAULT_UID, DEFAULT_USER, Cluster, Env
 from ..cluster.exec import exec_target
 from ..docker.provider import Provider
@@ -106,7 +107,7 @@ def submit(
     if job is None:
         cluster.slurm.cancel(target, job_id, DEFAULT_USER)
         raise WaitTimeout(f"job {job_id} did not finish within {timeout:g} s (cancelled); output in {out_file}")
-    if job.state != "COMPLETED":
+    if not job.completed:
         write(f"hp: job {job_id} ended {job.state}\n".encode())
     return SubmitResult(name, job_id, job.ci_exit_code(), remote, out_file, b"".join(shown).decode(errors="replace"))
 
@@ -124,9 +125,9 @@ def _follow(
 
 def _wait_job(cluster: Cluster, job_id: int, deadline: float) -> JobInfo | None:
     """The job once it has ended; None at the deadline."""
-    while time.monotonic() < deadline:
-        job = cluster.slurm.job(job_id)
-        if job is not None and job.ended:
-            return job
-        time.sleep(POLL)
-    return None
+
+    def ended(job: JobInfo | None) -> bool:
+        return job is not None and job.ended
+
+    job = waits.poll(lambda: cluster.slurm.job(job_id), ended, every=POLL, deadline=deadline)
+    return job if ended(job) else None

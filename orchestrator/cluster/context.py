@@ -23,6 +23,7 @@ from ..slurm.client import Slurm, SlurmCli
 from ..slurm.conf import controller_host
 from ..spec.catalogue import InstanceType, load_catalogue
 from ..spec.model import ClusterSpec, InstanceGroup, validate
+from ..state.phases import Phase
 from ..state.store import Latest, Store
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -227,7 +228,7 @@ class Cluster:
         down = self.p.unreachable()  # after the listing, which finds the hosts that do not answer
         if not down:
             return {}
-        held = ("Running", "Launching", "DeepHealthCheckInProgress", "Rebooting")
+        held = (Phase.RUNNING, Phase.LAUNCHING, Phase.CHECKING, Phase.REBOOTING)
         return {
             n: (h, down[h])
             for n, h in placed.items()

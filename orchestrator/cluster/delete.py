@@ -5,8 +5,8 @@ again once it is back removes the rest)."""
 from __future__ import annotations
 
 import shutil
-import time
 
+from .. import waits
 from ..docker.provider import Provider
 from ..errors import EngineError, NotFound, OperationFailed
 from ..slurm.model import DELETING_REASON
@@ -21,8 +21,8 @@ def remove_network(p: Provider, net: str) -> bool:
     their endpoints for a moment ("has active endpoints"; an overlay's, on other hosts,
     a while longer): tried again for up to NETWORK_BUSY_S. False when it is left because
     a container on a host that does not answer still uses it."""
-    deadline = time.monotonic() + NETWORK_BUSY_S
-    while True:
+
+    def attempt() -> bool:
         try:
             p.remove_network(net)
             return True
@@ -31,9 +31,9 @@ def remove_network(p: Provider, net: str) -> bool:
                 return True
             if p.unreachable():  # in use by a container on a host that is away: left there
                 return False
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.3)
+            raise
+
+    return waits.until(attempt, lambda _: True, every=0.3, timeout=NETWORK_BUSY_S, retry_on=EngineError)
 
 
 def remove_resources(p: Provider, name: str) -> dict[str, int]:
@@ -46,9 +46,7 @@ def remove_resources(p: Provider, name: str) -> dict[str, int]:
     left = sum(not remove_network(p, n.id) for n in nets)
     if nets and not left and not p.unreachable() and "" not in p.engines():
         # a swarm overlay leaves every host's list a moment after the manager removed it
-        deadline = time.monotonic() + NETWORK_BUSY_S
-        while p.networks(name) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        waits.poll(lambda: not p.networks(name), every=0.2, timeout=NETWORK_BUSY_S)
     vols = p.volumes(name)
     for v in sorted({v.name for v in vols}):  # one name may be on several hosts
         p.remove_volume(v)

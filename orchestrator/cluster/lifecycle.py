@@ -25,6 +25,7 @@ import threading
 import time
 from pathlib import Path
 
+from .. import waits
 from ..docker.provider import Provider
 from ..errors import TRANSIENT, EngineError, LaunchError
 from ..naming import node_name
@@ -131,17 +132,14 @@ PAUSE_S = 0.2  # between two looks when the node's log cannot be followed
 
 
 def wait_result(
-    p: Provider, cid: str, lc: LifeCycleSpec, clock=time.monotonic, sleep=time.sleep
+    p: Provider, cid: str, lc: LifeCycleSpec, clock: waits.Clock = time.monotonic, sleep: waits.Sleep | None = None
 ) -> tuple[int, list[str], LaunchError | None]:
     """Wait for the node's entry to finish the script (bounded by OnCreateTimeout plus
     SLACK_S): its outcome. Woken by the entry's line in the node's log (no polling);
     the result itself is read from the node. A node that stops without a result failed."""
     deadline = clock() + lc.timeout + SLACK_S
-    first = True
-    while True:
-        if not first:  # a line that only looked like the entry's (the script's own output), or no stream
-            sleep(PAUSE_S)
-        first = False
+
+    def look() -> tuple[int, list[str], LaunchError | None] | None:
         try:
             rc = p.get_dir(cid, RESULT).get("rc", b"")
             if rc.endswith(b"\n"):  # written whole
@@ -158,6 +156,11 @@ def wait_result(
             err = f"no result within {lc.timeout + SLACK_S:g} s (script {lc.OnCreate})"
             return -1, [], LaunchError("LifecycleScriptFailed", err, retryable=True)
         _wait_line(p, cid, deadline - clock())
+        return None  # a line that only looked like the entry's (the script's own output), or no stream
+
+    result = waits.until(look, lambda r: r is not None, every=PAUSE_S, clock=clock, sleep=sleep)
+    assert result is not None
+    return result
 
 
 def _wait_line(p: Provider, cid: str, seconds: float) -> bool:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from ..docker.views import Container
 from ..errors import InsufficientCapacity
+from ..naming import L_CLUSTER
 from ..spec.catalogue import InstanceType
 from ..spec.model import InstanceGroup
 from .capacity import Pool, Usage, fit, usage
@@ -46,7 +47,7 @@ def loads(
     out = {}
     for h, pool in pools.items():
         mine = [c for c in containers if c.host == h]
-        ours = [c for c in mine if c.is_node and not c.dead and c.labels.get("io.hp.cluster") == cluster]
+        ours = [c for c in mine if c.is_node and not c.dead and c.labels.get(L_CLUSTER) == cluster]
         groups: dict[str, int] = {}
         for c in ours:
             groups[c.group] = groups.get(c.group, 0) + 1

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
+from .. import waits
 from ..errors import WaitTimeout
 from .context import Env
 from .query import describe
@@ -15,9 +15,9 @@ POLL_S = 0.5
 
 def wait_groups(env: Env, name: str, groups: list[str], timeout: float, show: Callable[[str], None]) -> dict[str, Any]:
     """Show per-group progress (current/target, pending) until the groups reach their targets."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while True:
+    last: list[str | None] = [None]  # the line shown last
+
+    def look() -> tuple[dict[str, Any], str]:  # the cluster's description and its progress line
         doc = describe(env, name)
         gs = [g for g in doc["InstanceGroups"] if g["InstanceGroupName"] in groups]
         line = "  ".join(
@@ -25,13 +25,21 @@ def wait_groups(env: Env, name: str, groups: list[str], timeout: float, show: Ca
             + (f" ({g['PendingCount']} pending)" if g["PendingCount"] else "")
             for g in gs
         )
-        if line != last:
+        if line != last[0]:
             show(line)
-            last = line
-        if all(
+            last[0] = line
+        return doc, line
+
+    def reached(seen: tuple[dict[str, Any], str]) -> bool:
+        gs = [g for g in seen[0]["InstanceGroups"] if g["InstanceGroupName"] in groups]
+        return all(
             g["CurrentCount"] == g["TargetCount"] and not g["PendingCount"] and not g["ActiveOperations"] for g in gs
-        ):
-            return doc
-        if time.monotonic() > deadline:
-            raise WaitTimeout(f"timed out after {timeout:g} s: {line}")
-        time.sleep(POLL_S)
+        )
+
+    return waits.until(
+        look,
+        reached,
+        every=POLL_S,
+        timeout=timeout,
+        error=lambda seen: WaitTimeout(f"timed out after {timeout:g} s: {seen[1]}"),
+    )[0]

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..errors import EngineError, EngineUnavailable, ObjectMissing
-from ..naming import L_CLUSTER, L_MANAGED, L_ROLE
+from ..naming import L_CLUSTER, L_MANAGED, L_ROLE, LABEL_PREFIX
 from .provider import FileMap, Log
 from .views import (
     Container,
@@ -342,7 +342,7 @@ class DockerEngine:
             host_kw["binds"][host] = {"bind": ctr, "mode": mode}
         devices = list(spec.devices)
         env = dict(spec.environment)
-        if spec.gpus:  # orchestrator/gpu/wiring.GpuWiring: the node's GPUs
+        if spec.gpus:  # the node's GPUs (GpuWiring, orchestrator/gpu/wiring.py)
             from docker.types import DeviceRequest
 
             devices += spec.gpus.devices
@@ -773,7 +773,7 @@ class _Events:
                 yield Event(
                     action=ev.get("Action") or ev.get("status") or "",
                     container=ev.get("id") or (ev.get("Actor") or {}).get("ID", ""),
-                    labels={k: v for k, v in attrs.items() if k.startswith("io.hp.")},
+                    labels={k: v for k, v in attrs.items() if k.startswith(f"{LABEL_PREFIX}.")},
                     time=t,
                     exit_code=int(code) if code and code.lstrip("-").isdigit() else None,
                     host=self._host,

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from ..errors import TRANSIENT
+from ..naming import L_MANAGED, L_ROLE
 from .discovery import (
     DiscoveryError,
     DriverFile,
@@ -342,7 +343,7 @@ def _probe_spec(image: str, driver_dir: str | None, cdi_dirs: Sequence[str]) -> 
     return ContainerSpec(
         name=f"hp-gpu-probe-{secrets.token_hex(4)}",
         image=image,
-        labels={"io.hp.managed": "0", "io.hp.role": "gpu-probe"},
+        labels={L_MANAGED: "0", L_ROLE: "gpu-probe"},
         network="none",
         command=["sh", "-c", PROBE_SCRIPT, "hp-gpu-probe", inner],
         binds=binds,
@@ -356,7 +357,7 @@ def _smi_spec(image: str, wiring: GpuWiring) -> Any:
     return ContainerSpec(
         name=f"hp-gpu-probe-{secrets.token_hex(4)}",
         image=image,
-        labels={"io.hp.managed": "0", "io.hp.role": "gpu-probe"},
+        labels={L_MANAGED: "0", L_ROLE: "gpu-probe"},
         network="none",
         command=["nvidia-smi", "-q", "-x"],
         gpus=wiring,

@@ -37,6 +37,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..naming import L_GPU_MODE
 from .discovery import DiscoveryError, DriverFiles, GpuRecord, device_nodes
 
 MODES = ("runtime", "cdi", "devices")
@@ -160,7 +161,7 @@ class GpuWiring:
         return out
 
     def labels(self) -> dict[str, str]:
-        return {"io.hp.gpu-mode": self.mode}
+        return {L_GPU_MODE: self.mode}
 
 
 def _cdi_name(g: GpuRecord, cdi_devices: Sequence[str] | None) -> str:

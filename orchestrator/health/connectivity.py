@@ -6,10 +6,11 @@ Traffic stays on the cluster's own network."""
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass, field
 
+from .. import waits
 from ..cluster.context import Cluster, parallel
+from ..docker.views import ExecResult
 from ..spec.catalogue import InstanceType
 from . import iperf, mpi, nccl, sidecar
 from .limits import thresholds
@@ -80,14 +81,12 @@ def iperf_ring(
 
     def one(pair: tuple[str, str]) -> tuple[Verdict, str]:
         a, b = pair
-        r = sidecar.run(cluster, by[a], iperf.client_command(b, seconds))
-        v = iperf.run_verdict(r.output, r.exit_code, min_gbps)
-        for _ in range(NAME_TRIES - 1):
-            if not iperf.name_not_resolved(v):
-                break
-            time.sleep(1.0)
+
+        def run_pair() -> tuple[Verdict, ExecResult]:
             r = sidecar.run(cluster, by[a], iperf.client_command(b, seconds))
-            v = iperf.run_verdict(r.output, r.exit_code, min_gbps)
+            return iperf.run_verdict(r.output, r.exit_code, min_gbps), r
+
+        v, r = waits.poll(run_pair, lambda vr: not iperf.name_not_resolved(vr[0]), every=1.0, attempts=NAME_TRIES)
         if not iperf.only_too_slow(v):
             return v, r.output
         # connected but slow: a busy host slows a healthy pair too; the better of two runs

@@ -16,6 +16,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from .. import waits
 from ..cluster import capacity
 from ..cluster.context import Cluster, parallel
 from ..docker.images import CHECK_IMAGES
@@ -107,13 +108,15 @@ class Engine:
         self.c.slurm.drain(take, self.label())
         for n in take:
             self.c.store.set_phase(self.c.name, n, Phase.CHECKING, f"{self.rid}: {', '.join(self.opts.checks)}")
-        deadline = time.monotonic() + self.opts.wait_idle_timeout
         waiting = set(take)
-        while waiting and time.monotonic() < deadline:
-            sn = self.snodes()
-            waiting = {n for n in waiting if not (n in sn and sn[n].idle_drained)}
-            if waiting:
-                time.sleep(POLL_S)
+
+        def look() -> dict[str, SlurmNode]:  # Slurm's view; the nodes idle in it are no longer waited for
+            now = self.snodes()
+            waiting.difference_update({n for n in waiting if n in now and now[n].idle_drained})
+            return now
+
+        if waiting:
+            sn = waits.poll(look, lambda _: not waiting, every=POLL_S, timeout=self.opts.wait_idle_timeout)
         for n in sorted(waiting):
             skipped[n] = (
                 f"still running jobs after {self.opts.wait_idle_timeout:g} s "
@@ -130,12 +133,12 @@ class Engine:
         sn = self.snodes()
         mine = [n for n in nodes if n in sn and sn[n].drained and is_health_reason(sn[n].reason, self.rid)]
         self.c.slurm.resume(mine)
-        deadline = time.monotonic() + SETTLE_S
-        while mine and time.monotonic() < deadline:
-            sn = self.snodes()
-            if not any(sn[n].not_responding for n in mine if n in sn):
-                break
-            time.sleep(POLL_S)
+        if mine:
+            waits.poll(
+                lambda: not any(s.not_responding for n, s in self.snodes().items() if n in mine),
+                every=POLL_S,
+                timeout=SETTLE_S,
+            )
         for n in nodes:
             self.c.store.set_phase(self.c.name, n, Phase.RUNNING, "")
 

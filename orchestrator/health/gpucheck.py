@@ -24,7 +24,7 @@ from ..docker.views import Container
 from ..errors import TRANSIENT, BadInput
 from ..gpu.thresholds import ThresholdsError, ThresholdTable, load_thresholds
 from ..gpu.wiring import GpuWiring, GpuWiringError
-from ..naming import L_GPU_MODEL
+from ..naming import L_GPU_MODEL, L_GPUS
 from ..spec.catalogue import InstanceType
 from . import dcgm, sidecar
 from .gpu import DcgmRun, Finding, GpuVerdict, judge_gpu_check, make_verdict
@@ -70,7 +70,7 @@ def node_wiring(cluster: Cluster, node: Container) -> GpuWiring | None:
     """The node's GPUs, given to a check or monitor container the way the node has
     them; None for HP_GPUS stand-ins. GpuWiringError when they cannot be."""
     if not node.gpus:
-        raise GpuWiringError(f"{node.node} has no GPUs (no io.hp.gpus label)")
+        raise GpuWiringError(f"{node.node} has no GPUs (no {L_GPUS} label)")
     return cluster.env.gpus(host=node.host).wiring(node.gpus)  # its own host's GPUs
 
 

@@ -257,7 +257,7 @@ class MonitorDecision:
 
 
 def drain_reason(findings: Iterable[Finding]) -> str:
-    """The Slurm drain reason: hp-gpu:<action>:<code> <message>, the strongest
+    """The Slurm drain reason: hp:gpu:<action>:<code> <message>, the strongest
     failing finding first, at most REASON_MAX characters."""
     fails = [f for f in findings if f.severity in FAILING]
     if not fails:

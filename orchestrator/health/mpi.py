@@ -41,7 +41,7 @@ _MPI_LINE = re.compile(r"HP-MPI rank=(\d+) size=(\d+) host=(\S+) sum=(\S+) expec
 
 
 def parse_mpi_allreduce(text: str) -> MpiResult:
-    """Parse the output of healthchecks/cpu/mpi_allreduce.c. Never raises:
+    """Parse the output of the check program mpi_allreduce.c. Never raises:
     no lines at all is a verdict, not a parse error."""
     res = MpiResult()
     for line in text.splitlines():

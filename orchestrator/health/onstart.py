@@ -3,7 +3,7 @@ checked before they take jobs.
 
 The nodes register drained (the Launcher adds `State=DRAIN Reason=ONSTART_REASON` to
 their `slurmd -Z --conf`), so no job can land on them before the check. The cluster's
-agent (orchestrator/agent.py, OnStartQueue) calls check_new_nodes(cluster, nodes) on its
+agent (OnStartQueue, orchestrator/agent/onstart.py) calls check_new_nodes(cluster, nodes) on its
 own thread once they joined Slurm. Each group's nodes become one recorded request
 (options `on_start: true`, shown by `hp health-check status`), run in the calling
 process: the on-start drain counts as hp's own, so a node that passes is resumed; one

@@ -7,9 +7,9 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from typing import Any
 
+from .. import waits
 from ..cluster.context import Cluster, Env
 from ..errors import BadInput, NotFound, OperationFailed, WaitTimeout
 from ..slurm.model import is_health_reason
@@ -183,14 +183,14 @@ def status(env: Env, name: str, rid: str | None = None) -> dict[str, Any]:
 
 def wait(env: Env, name: str, rid: str, timeout: float) -> dict[str, Any]:
     rec = Records(env.store)
-    deadline = time.monotonic() + timeout
-    while True:
-        r = reap_dead(env, rec, rec.request(rid))
-        if r.state not in ACTIVE:
-            return status(env, name, rid)
-        if time.monotonic() > deadline:
-            raise WaitTimeout(f"health check {rid} still {r.state} after {timeout:g} s")
-        time.sleep(0.5)
+    waits.until(
+        lambda: reap_dead(env, rec, rec.request(rid)),
+        lambda r: r.state not in ACTIVE,
+        every=0.5,
+        timeout=timeout,
+        error=lambda r: WaitTimeout(f"health check {rid} still {r.state} after {timeout:g} s"),
+    )
+    return status(env, name, rid)
 
 
 def cancel(env: Env, name: str) -> str:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from ..cluster.context import Cluster
 from ..docker.views import Container, ContainerSpec, ExecResult, Limits
 from ..gpu.wiring import GpuWiring
-from ..naming import L_REQUEST, labels
+from ..naming import L_REQUEST, L_ROLE, labels
 
 
 @dataclass
@@ -56,6 +56,6 @@ def stop(cluster: Cluster, sc: Sidecar) -> None:
 
 def remove_all(cluster: Cluster, req: str | None = None) -> None:
     """Remove the request's (or every) check container of the cluster."""
-    extra = {"io.hp.role": "check", **({L_REQUEST: req} if req else {})}
+    extra = {L_ROLE: "check", **({L_REQUEST: req} if req else {})}
     for c in cluster.p.containers(cluster.name, extra_labels=extra):
         cluster.p.remove_container(c.id)

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlparse
 
+from .. import waits
 from ..docker import engine as engine_mod
 from ..docker.engine import DockerEngine
 from ..docker.images import Images
@@ -39,6 +40,7 @@ from ..docker.views import NODE_ROLES, EngineInfo
 from ..errors import BadInput, EngineError, EngineUnavailable, NotFound, OperationFailed
 from ..naming import L_CLUSTER
 from ..spec.model import name_problem
+from ..state.phases import Phase
 from ..state.store import HostRow, Store, iso
 from . import probe
 
@@ -305,11 +307,14 @@ def _join(store: Store, eng: DockerEngine, name: str, info: EngineInfo, advertis
     try:
         eng.swarm_join([f"{minfo.swarm_addr}:2377"], token, advertise)
         node_id = eng.info(refresh=True).swarm_node_id
-        deadline = time.monotonic() + JOIN_WAIT_S
-        while not any(n["id"] == node_id and n["state"] == "ready" for n in mgr.swarm_nodes()):
-            if time.monotonic() > deadline:
-                raise OperationFailed(f"host {name} joined but is not ready in the swarm after {JOIN_WAIT_S:g} s")
-            time.sleep(0.2)
+        waits.until(
+            lambda: any(n["id"] == node_id and n["state"] == "ready" for n in mgr.swarm_nodes()),
+            every=0.2,
+            timeout=JOIN_WAIT_S,
+            error=lambda _: OperationFailed(
+                f"host {name} joined but is not ready in the swarm after {JOIN_WAIT_S:g} s"
+            ),
+        )
     except (EngineError, EngineUnavailable, OperationFailed) as e:
         try:  # nothing half-done
             eng.swarm_leave()
@@ -433,7 +438,7 @@ def nodes_on(store: Store, host: str, engine: DockerEngine | None) -> dict[str, 
             if row is None:
                 continue
             phase = store.latest_phases(cl).get(node, ("",))[0]
-            if phase != "Removed":
+            if phase != Phase.REMOVED:
                 out.setdefault(cl, []).append((node, "controller" if node == _controller_of(row.spec) else "node"))
     return out
 
@@ -532,13 +537,9 @@ def _leave_swarm(store: Store, row: HostRow, eng: DockerEngine | None, log: Log)
         except (EngineError, EngineUnavailable) as e:
             log(f"note: {row.name} did not leave the swarm: {_first(e)}")
     if mgr is not None and node_id:
-        deadline = time.monotonic() + 10
-        while True:  # a node that just left is removed once the managers see it down
-            try:
-                mgr.swarm_remove_node(node_id)
-                break
-            except EngineError as e:
-                if time.monotonic() > deadline:
-                    log(f"note: swarm node of {row.name} not removed: {_first(e)}")
-                    break
-                time.sleep(0.5)
+        try:  # a node that just left is removed once the managers see it down
+            waits.until(
+                lambda: mgr.swarm_remove_node(node_id), lambda _: True, every=0.5, timeout=10, retry_on=EngineError
+            )
+        except EngineError as e:
+            log(f"note: swarm node of {row.name} not removed: {_first(e)}")

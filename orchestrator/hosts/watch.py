@@ -179,7 +179,7 @@ class HostWatch:
         spec = c.reload()
         placed = store.node_hosts(self.name)
         latest = store.latest_phases(self.name)
-        gone = ("Removed", "ShuttingDown")
+        gone = (Phase.REMOVED, Phase.SHUTTING_DOWN)
         ours = sorted(n for n, h in placed.items() if h == host and latest.get(n, ("",))[0] not in gone)
         if not ours:
             return

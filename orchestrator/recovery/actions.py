@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from .. import waits
 from ..cluster.context import Cluster
 from ..cluster.launcher import Launcher
 from ..docker.views import Container
@@ -211,7 +212,9 @@ def wait_usable(cluster: Cluster, t: Target, cid: str, deadline: float, keep_dra
     ours = {r for r in (keep_drained, ONSTART_REASON) if r}
     checks = 0
     resumed_at = 0.0
-    while time.monotonic() < deadline:
+
+    def look() -> bool | None:  # True: usable, False: its container exited, None: not yet
+        nonlocal checks, resumed_at
         if t.role == "controller" and cluster.slurm.ping():
             return True
         if t.role == "login" and cluster.slurm.ping_from(cid):
@@ -220,7 +223,7 @@ def wait_usable(cluster: Cluster, t: Target, cid: str, deadline: float, keep_dra
             snode = _slurm_node(cluster, t.node)
             if snode is not None and snode.usable:
                 return True
-            if snode is not None and snode.drained and snode.reason in ours and not snode.not_responding:
+            if snode is not None and snode.drained_for(*ours) and not snode.not_responding:
                 return True
             # Slurm keeps a FAIL (admin's Action:*) or DOWN node so until told: resume it
             # once slurmd answers again (no NOT_RESPONDING), at most every 2 s.
@@ -233,8 +236,9 @@ def wait_usable(cluster: Cluster, t: Target, cid: str, deadline: float, keep_dra
         checks += 1
         if checks % 10 == 0 and not cluster.p.inspect(cid).state.running:
             return False
-        time.sleep(POLL_S)
-    return False
+        return None
+
+    return waits.poll(look, lambda r: r is not None, every=POLL_S, deadline=deadline) is True
 
 
 def _slurm_node(cluster: Cluster, node: str) -> SlurmNode | None:

@@ -22,6 +22,7 @@ jobs that ended before a fault are still there after it.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import re
@@ -34,10 +35,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from string import Template
 
+from .. import waits
 from ..cluster.context import SLURM_UID, Cluster
 from ..docker.views import Container, ContainerSpec
 from ..errors import EngineError, OperationFailed
-from ..naming import SERVICE_HOSTS, database_volume, labels, network_name, service_container
+from ..naming import L_CLUSTER, SERVICE_HOSTS, database_volume, labels, network_name, service_container
 from ..slurm.conf import slurmdbd_conf, template
 
 log = logging.getLogger("hp")
@@ -112,7 +114,7 @@ def roles(cluster: Cluster) -> list[str]:
 def service_containers(cluster: Cluster, containers: list[Container] | None = None) -> dict[str, Container]:
     """role -> its container, for the services that exist."""
     cs = containers if containers is not None else cluster.containers()
-    return {c.role: c for c in cs if c.role in SERVICE_HOSTS and c.labels.get("io.hp.cluster") == cluster.name}
+    return {c.role: c for c in cs if c.role in SERVICE_HOSTS and c.labels.get(L_CLUSTER) == cluster.name}
 
 
 # -- containers -------------------------------------------------------------------------
@@ -179,22 +181,29 @@ def ready_marks(cluster: Cluster, cid: str, role: str) -> int:
 def wait_ready(cluster: Cluster, cid: str, role: str, marks_before: int, deadline: float) -> None:
     """Until the service's log says ready once more than `marks_before`; OperationFailed
     (with its last lines) when its container stops or at the deadline."""
-    checks = 0
-    while ready_marks(cluster, cid, role) <= marks_before:
-        checks += 1
-        if checks % 10 == 0:
+    looks = itertools.count(1)
+
+    def ready() -> bool:
+        if ready_marks(cluster, cid, role) > marks_before:
+            return True
+        if next(looks) % 10 == 0:
             st = cluster.p.inspect(cid).state
             if not st.running and st.status != "restarting":
                 raise OperationFailed(
                     f"{SERVICE_HOSTS[role]} exited ({st.exit_code}) before it was ready; last log:\n"
                     + cluster.p.logs(cid, tail=15)
                 )
-        if time.monotonic() > deadline:
-            raise OperationFailed(
-                f"{SERVICE_HOSTS[role]} was not ready within {READY_TIMEOUT:g} s; last log:\n"
-                + cluster.p.logs(cid, tail=15)
-            )
-        time.sleep(POLL_S)
+        return False
+
+    waits.until(
+        ready,
+        every=POLL_S,
+        deadline=deadline,
+        error=lambda _: OperationFailed(
+            f"{SERVICE_HOSTS[role]} was not ready within {READY_TIMEOUT:g} s; last log:\n"
+            + cluster.p.logs(cid, tail=15)
+        ),
+    )
 
 
 class CreateServices:

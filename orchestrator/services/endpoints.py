@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import logging
 import socket
-import time
 from typing import Any
 
+from .. import waits
 from ..cluster.context import Cluster, Env
 from ..errors import EngineError, OperationFailed
 from ..naming import network_name, service_container
@@ -52,14 +52,15 @@ def listening(store: Store, name: str, kind: str) -> bool:
 
 def wait_url(store: Store, name: str, kind: str, timeout: float = 15.0) -> str:
     """The URL once the agent listens on it (it may have just been started)."""
-    deadline = time.monotonic() + timeout
-    while not listening(store, name, kind):
-        if time.monotonic() > deadline:
-            raise OperationFailed(
-                f"the agent of cluster {name!r} does not serve its {kind} endpoint (see its log: "
-                f"{store.home / 'clusters' / name / 'agent.log'})"
-            )
-        time.sleep(0.1)
+    waits.until(
+        lambda: listening(store, name, kind),
+        every=0.1,
+        timeout=timeout,
+        error=lambda _: OperationFailed(
+            f"the agent of cluster {name!r} does not serve its {kind} endpoint (see its log: "
+            f"{store.home / 'clusters' / name / 'agent.log'})"
+        ),
+    )
     u = url(store, name, kind)
     assert u is not None
     return u

@@ -17,6 +17,7 @@ import logging
 import threading
 import time
 
+from .. import waits
 from ..cluster.context import Cluster, Env
 from ..errors import TRANSIENT, OperationFailed
 from ..naming import SERVICE_HOSTS
@@ -59,7 +60,7 @@ class ServiceWatch:
                 next_health = now + HEALTH_EVERY_S
             if self.kicked.wait(POLL_S):
                 self.kicked.clear()
-                time.sleep(SETTLE_S)
+                stop.wait(SETTLE_S)
 
     def _event(self, level: str, text: str) -> None:
         self.env.store.event(self.name, "Cluster", level, f"Cluster {self.name}: {text}")
@@ -75,7 +76,7 @@ class ServiceWatch:
         now = time.monotonic() if now is None else now
         down = self._down(wanted)
         if down and now >= self.retry_at:
-            time.sleep(SETTLE_S)
+            waits.pause(SETTLE_S)
             down = self._down(wanted)
         if down and now >= self.retry_at:
             names = ", ".join(f"{SERVICE_HOSTS[r]} ({why})" for r, why in down.items())

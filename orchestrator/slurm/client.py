@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
+from .. import waits
 from ..docker.provider import Provider
 from ..errors import EngineError, OperationFailed
 from .model import (
@@ -179,14 +180,13 @@ class SlurmCli:
         return parse_auto_resume(self._run("squeue", "-h", "-t", "all", "-n", AUTO_RESUME_JOB, "-o", "%i|%k"))
 
     def reconfigure(self, timeout: float = 30.0) -> None:
-        import time
-
         self._run("scontrol", "reconfigure")
-        deadline = time.monotonic() + timeout
-        while not self.ping():  # 24.11 re-executes slurmctld on reconfigure
-            if time.monotonic() > deadline:
-                raise OperationFailed(f"slurmctld did not answer within {timeout:g} s of 'scontrol reconfigure'")
-            time.sleep(0.2)
+        waits.until(  # 24.11 re-executes slurmctld on reconfigure
+            self.ping,
+            every=0.2,
+            timeout=timeout,
+            error=lambda _: OperationFailed(f"slurmctld did not answer within {timeout:g} s of 'scontrol reconfigure'"),
+        )
 
     def submit(
         self, container: str, script: str, output: str, args: list[str], user: str, workdir: str, env: dict[str, str]

@@ -14,7 +14,7 @@ SLURMD_TIMEOUT = 30  # hp watches Docker events itself; Slurm's own detection is
 
 
 def template(name: str) -> str:
-    """The text of slurm-conf/NAME (resources.slurm_conf)."""
+    """The text of the template NAME in slurm-conf/ (resources.slurm_conf)."""
     return (resources.slurm_conf() / name).read_text()
 
 

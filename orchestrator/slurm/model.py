@@ -14,15 +14,22 @@ from dataclasses import dataclass
 from ..errors import OperationFailed
 
 # -- reasons --------------------------------------------------------------------------
-HEALTH_PREFIX = "hp-health:"  # hp's deep health checks drain with hp-health:<request>:<check>[ failed: why]
-ONSTART_REASON = "hp-health:on-start:pending"  # new nodes of groups with on-start checks register drained so
-# hp's passive GPU monitor drains with hp-gpu:<action>:<finding code> <message> (health/gpumonitor.py)
-GPU_MONITOR_PREFIX = "hp-gpu:"
-REMOVING_REASON = "hp: removing node"  # scale-down / delete-nodes drain
+# Every reason hp sets on a node (drain, down) starts with REASON_PREFIX, so that
+# `is_ours` tells hp's from an admin's (as Slinky's slurm-operator asks IsNodeReasonOurs).
+REASON_PREFIX = "hp:"
+HEALTH_PREFIX = f"{REASON_PREFIX}health:"  # deep health checks: hp:health:<request>:<check>[ failed: why]
+ONSTART_REASON = f"{HEALTH_PREFIX}on-start:pending"  # new nodes of groups with on-start checks register drained so
+# hp's passive GPU monitor drains with hp:gpu:<action>:<finding code> <message> (health/gpumonitor.py)
+GPU_MONITOR_PREFIX = f"{REASON_PREFIX}gpu:"
+REMOVING_REASON = f"{REASON_PREFIX} removing node"  # scale-down / delete-nodes drain
 # a worker rebooted or replaced while Slurm still had jobs on it: set DOWN so that Slurm
 # ends them (their processes died with the container) instead of waiting for them forever
-REBOOTING_REASON = "hp: node rebooted, its jobs ended"
-DELETING_REASON = "hp delete"  # the whole cluster goes
+REBOOTING_REASON = f"{REASON_PREFIX} node rebooted, its jobs ended"
+DELETING_REASON = f"{REASON_PREFIX} cluster being deleted"  # the whole cluster goes
+# What the version before one prefix wrote (a cluster it created may still carry them):
+# read as the reason each became, so that an upgrade does not turn hp's drains into an admin's.
+PREVIOUS_REASONS = {"hp-health:": HEALTH_PREFIX, "hp-gpu:": GPU_MONITOR_PREFIX}
+PREVIOUS_DELETING_REASON = "hp delete"
 # `srun --auto-resume` (images/node/hp_auto_resume.c): hp notes on each job what it did
 # to a node the job held (AdminComment "hp: <node> <what>"); the plugin grows a job that
 # lost a node back with a job of this name, whose comment says what it retries.
@@ -37,11 +44,31 @@ SLURM_OWN_REASONS = ("Not responding", "Node unexpectedly rebooted")
 # recovery requests and Slurm's own verdicts. Any other reason is someone's.
 RESUMABLE_REASONS = (ACTION_REBOOT, ACTION_REPLACE, REBOOTING_REASON, *SLURM_OWN_REASONS)
 
-# -- jobs -----------------------------------------------------------------------------
+# -- node states and job states ---------------------------------------------------------
+IDLE = "IDLE"
+DOWN = "DOWN"
+DRAIN_FLAGS = frozenset({"DRAIN", "DRAINING", "DRAINED"})
+COMPLETED = "COMPLETED"
 JOB_ENDED = frozenset(
-    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"}
+    {COMPLETED, "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"}
 )
 BUSY_STATES = ("ALLOCATED", "MIXED", "COMPLETING")
+
+
+def current_reason(reason: str) -> str:
+    """A reason as this version writes it: one written by the previous version (hp-health:,
+    hp-gpu:, "hp delete") is read as the one it became; any other is as it is."""
+    if reason == PREVIOUS_DELETING_REASON:
+        return DELETING_REASON
+    for old, new in PREVIOUS_REASONS.items():
+        if reason.startswith(old):
+            return new + reason[len(old) :]
+    return reason
+
+
+def is_ours(reason: str) -> bool:
+    """The reason is hp's own (a drain or down hp set), not an admin's nor Slurm's."""
+    return current_reason(reason).startswith(REASON_PREFIX)
 
 
 def health_reason(request: str, check: str, why: str = "") -> str:
@@ -52,12 +79,12 @@ def health_reason(request: str, check: str, why: str = "") -> str:
 
 def is_health_reason(reason: str, request: str | None = None) -> bool:
     """hp's own health-check drain (of `request`, or of any request and the on-start one)."""
-    return reason.startswith(f"{HEALTH_PREFIX}{request}:" if request else HEALTH_PREFIX)
+    return current_reason(reason).startswith(f"{HEALTH_PREFIX}{request}:" if request else HEALTH_PREFIX)
 
 
 def is_gpu_monitor_reason(reason: str) -> bool:
     """A drain of hp's passive GPU monitor (a GPU finding on the node)."""
-    return reason.startswith(GPU_MONITOR_PREFIX)
+    return current_reason(reason).startswith(GPU_MONITOR_PREFIX)
 
 
 @dataclass(frozen=True)
@@ -75,21 +102,26 @@ class SlurmNode:
         return self.state[0] if self.state else "UNKNOWN"
 
     @property
+    def idle(self) -> bool:
+        """Running no job (drained or not)."""
+        return self.base == IDLE
+
+    @property
     def flags(self) -> set[str]:
         return set(self.state[1:])
 
     @property
     def drained(self) -> bool:
-        return bool({"DRAIN", "DRAINING", "DRAINED"} & self.flags)
+        return bool(DRAIN_FLAGS & self.flags)
 
     @property
     def not_responding(self) -> bool:
-        return "NOT_RESPONDING" in self.flags or self.base == "DOWN"
+        return "NOT_RESPONDING" in self.flags or self.base == DOWN
 
     @property
     def usable(self) -> bool:
         """Idle and able to take jobs."""
-        return self.base == "IDLE" and not self.drained and not ({"NOT_RESPONDING", "FAIL", "MAINTENANCE"} & self.flags)
+        return self.idle and not self.drained and not ({"NOT_RESPONDING", "FAIL", "MAINTENANCE"} & self.flags)
 
     @property
     def busy(self) -> bool:
@@ -99,22 +131,22 @@ class SlurmNode:
     @property
     def idle_drained(self) -> bool:
         """Drained and running nothing (IDLE+DRAIN, not MIXED/ALLOCATED+DRAIN)."""
-        return self.base == "IDLE" and self.drained
+        return self.idle and self.drained
 
     @property
     def held(self) -> bool:
         """Kept out of service: down, failed or drained."""
-        return self.base == "DOWN" or bool({"FAIL", "DRAIN"} & self.flags)
+        return self.base == DOWN or bool({"FAIL", "DRAIN"} & self.flags)
 
     @property
     def awaiting_onstart(self) -> bool:
         """Registered drained, waiting for its on-start deep health checks."""
-        return self.drained and self.reason == ONSTART_REASON
+        return self.drained_for(ONSTART_REASON)
 
     @property
     def failed_health_check(self) -> bool:
         """Kept drained by hp after failing a deep health check."""
-        return self.drained and self.reason.startswith(HEALTH_PREFIX) and " failed" in self.reason
+        return self.drained and is_health_reason(self.reason) and " failed" in self.reason
 
     @property
     def gpu_finding(self) -> bool:
@@ -128,8 +160,13 @@ class SlurmNode:
         return (
             self.held
             and bool(self.reason)
-            and not self.reason.startswith((*SLURM_OWN_REASONS, REBOOTING_REASON, HEALTH_PREFIX, GPU_MONITOR_PREFIX))
+            and not self.reason.startswith(SLURM_OWN_REASONS)
+            and not is_ours(self.reason)
         )
+
+    def drained_for(self, *reasons: str) -> bool:
+        """Drained with one of hp's `reasons` (exactly)."""
+        return self.drained and current_reason(self.reason) in reasons
 
     @property
     def needs_resume(self) -> bool:
@@ -169,10 +206,15 @@ class JobInfo:
     def ended(self) -> bool:
         return self.state in JOB_ENDED
 
+    @property
+    def completed(self) -> bool:
+        """Ended by itself (whatever its exit code), not cancelled, failed by Slurm..."""
+        return self.state == COMPLETED
+
     def ci_exit_code(self) -> int:
         """The exit code a CI step gets: the script's own; 1 when Slurm ended the job
         another way (cancelled, node failure, time limit...) and left a 0 behind."""
-        if self.state == "COMPLETED":
+        if self.completed:
             return self.exit_code or 0
         return self.exit_code or 1
 

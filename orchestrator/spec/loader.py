@@ -2,9 +2,6 @@
 duplicate keys refused, YAML aliases budgeted, nesting depth and value count bounded.
 Returns plain JSON-like data (dict with str keys, list, str, int, float, bool, None).
 
-(Meant to live at orchestrator/spec/loader.py once the package is split; in this tree
-the module orchestrator/spec.py takes that name.)
-
 Every problem is a BadInput (exit 2) that names the file and, where there is one, the
 line. The bounds are checked while the document is read, never after: a YAML alias bomb
 ("billion laughs") is refused when the expanded count crosses MAX_VALUES, before

@@ -1,7 +1,7 @@
 """Name rules beyond HyperPod's pattern: the names hp derives from a cluster's and a
 group's names must work in Docker, its DNS, the kernel and Slurm (pure functions).
 
-HyperPod's rule ([a-zA-Z0-9](-*[a-zA-Z0-9])*, at most 63 characters, in spec.py) lets
+HyperPod's rule ([a-zA-Z0-9](-*[a-zA-Z0-9])*, at most 63 characters, in spec/model.py) lets
 through names that cannot work here. Found by creating real clusters (Slurm 24.11,
 Docker 20.10, runc), see the report of issue 9:
 

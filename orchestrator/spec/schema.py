@@ -9,7 +9,7 @@ The schema never refuses a spec hp accepts; hp refuses more. What the schema can
   the schema takes any string.
 - Group names unique (case aside), partition names unique across groups, MinCount at
   most InstanceCount: relations between values, which JSON Schema cannot compare.
-- A group name's limit depends on the cluster name's length (specnames.py: container
+- A group name's limit depends on the cluster name's length (spec/names.py: container
   names hp-<cluster>-<group>-<index> within 63): the schema holds every group name to
   the limit for the shortest cluster name (52).
 - An integral float (2.0) where an integer is due: JSON has one number type and JSON

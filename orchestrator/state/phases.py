@@ -13,7 +13,10 @@ import time
 from dataclasses import dataclass
 from enum import Enum
 
+from tenacity import wait_exponential
+
 from ..errors import InvalidTransition
+from ..waits import slept_after
 
 
 class Phase(str, Enum):
@@ -33,17 +36,35 @@ class Phase(str, Enum):
 
 P = Phase
 
+
+class InstanceStatus(str, Enum):
+    """What `hp nodes` shows of a node (HyperPod's InstanceStatus): derived from its
+    phase and what Docker and Slurm report now (state/status.py)."""
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    FAILURE = "Failure"
+    CHECKING = "DeepHealthCheckInProgress"
+    SHUTTING_DOWN = "ShuttingDown"
+    NOT_FOUND = "NotFound"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+S = InstanceStatus
+
 # phase -> HyperPod InstanceStatus shown by `hp nodes` (when Docker and Slurm add nothing)
-VISIBLE: dict[Phase, str] = {
-    P.QUEUED: "Pending",
-    P.LAUNCHING: "Pending",
-    P.RUNNING: "Running",
-    P.LAUNCH_FAILED: "Pending",
-    P.CHECKING: "DeepHealthCheckInProgress",
-    P.REBOOTING: "Pending",
-    P.REPLACING: "Pending",
-    P.SHUTTING_DOWN: "ShuttingDown",
-    P.REMOVED: "NotFound",
+VISIBLE: dict[Phase, InstanceStatus] = {
+    P.QUEUED: S.PENDING,
+    P.LAUNCHING: S.PENDING,
+    P.RUNNING: S.RUNNING,
+    P.LAUNCH_FAILED: S.PENDING,
+    P.CHECKING: S.CHECKING,
+    P.REBOOTING: S.PENDING,
+    P.REPLACING: S.PENDING,
+    P.SHUTTING_DOWN: S.SHUTTING_DOWN,
+    P.REMOVED: S.NOT_FOUND,
 }
 
 # Terminal: the node's incarnation is over. A later scale-up that reuses the name starts
@@ -160,7 +181,7 @@ def check(node: str, frm: Phase | str | None, to: Phase | str) -> Phase:
     return t
 
 
-def visible(phase: Phase | str) -> str:
+def visible(phase: Phase | str) -> InstanceStatus | str:
     p = parse(phase)
     return VISIBLE[p] if p is not None else str(phase)
 
@@ -224,11 +245,9 @@ class Backoff:
     maximum: float = 10.0
 
     def delay(self, attempt: int) -> float:
-        from tenacity import RetryCallState, wait_exponential
-
-        state = RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
-        state.attempt_number = max(attempt, 1)
-        return float(wait_exponential(multiplier=self.initial, min=self.initial, max=self.maximum)(state))
+        # 2**31 times the first wait is past any maximum: later tries wait the same
+        wait = wait_exponential(multiplier=self.initial, min=self.initial, max=self.maximum)
+        return float(slept_after(wait, min(max(attempt, 1), 32)))
 
 
 def now() -> float:

@@ -10,6 +10,7 @@ from ..docker.views import Container
 from ..naming import ROLE_BY_NODE_TYPE, group_prefix, node_id, split_node
 from ..slurm.model import SlurmNode
 from ..spec.model import ClusterSpec
+from .phases import InstanceStatus as S
 from .phases import visible
 from .store import Latest
 from .transitions import GroupStatus
@@ -55,37 +56,37 @@ def instance_status(
     """HyperPod InstanceStatus (Pending, Running, Failure, ShuttingDown,
     DeepHealthCheckInProgress, NotFound) and a message."""
     rec_status, rec_msg = (visible(recorded[0]), recorded[1]) if recorded else ("", "")
-    if rec_status == "ShuttingDown" and container is not None:
+    if rec_status == S.SHUTTING_DOWN and container is not None:
         return rec_status, rec_msg
-    if rec_status == "DeepHealthCheckInProgress" and container is not None:
+    if rec_status == S.CHECKING and container is not None:
         # isolated only once Slurm shows it drained: until then it could still take a job
         if snode is not None and snode.drained:
             return rec_status, rec_msg
         if controller_up and container.running:
-            return "Running", f"{rec_msg}: being drained for the check" if rec_msg else "being drained for a check"
+            return S.RUNNING, f"{rec_msg}: being drained for the check" if rec_msg else "being drained for a check"
     if container is None:
-        if rec_status == "Pending":
-            return "Pending", rec_msg
-        return "NotFound", rec_msg or "no container"
+        if rec_status == S.PENDING:
+            return S.PENDING, rec_msg
+        return S.NOT_FOUND, rec_msg or "no container"
     if container.dead:
-        return "Failure", f"container exited with code {container.exit_code}" + (f"; {rec_msg}" if rec_msg else "")
+        return S.FAILURE, f"container exited with code {container.exit_code}" + (f"; {rec_msg}" if rec_msg else "")
     if container.state == "created":
-        return "Pending", rec_msg or "container created, not started"
+        return S.PENDING, rec_msg or "container created, not started"
     if not container.running:
-        return "Pending", f"container is {container.state}"
+        return S.PENDING, f"container is {container.state}"
     if role != "worker":
-        return "Running", ""
+        return S.RUNNING, ""
     if not controller_up:
-        return "Running", "controller unreachable: Slurm state unknown"
+        return S.RUNNING, "controller unreachable: Slurm state unknown"
     if snode is None:
-        return "Pending", rec_msg or "waiting for slurmd to register"
+        return S.PENDING, rec_msg or "waiting for slurmd to register"
     if snode.not_responding:
-        return "Failure", f"Slurm reports {snode.display}" + (f": {snode.reason}" if snode.reason else "")
+        return S.FAILURE, f"Slurm reports {snode.display}" + (f": {snode.reason}" if snode.reason else "")
     if snode.awaiting_onstart:
-        return "DeepHealthCheckInProgress", "waiting for its on-start deep health checks"
+        return S.CHECKING, "waiting for its on-start deep health checks"
     if snode.failed_health_check:
-        return "Failure", snode.reason  # kept drained after failing a deep health check
-    return "Running", snode.reason if snode.drained else ""
+        return S.FAILURE, snode.reason  # kept drained after failing a deep health check
+    return S.RUNNING, snode.reason if snode.drained else ""
 
 
 def node_views(
@@ -99,7 +100,7 @@ def node_views(
     """`lost`: nodes on a registered host that does not answer (node -> (host, why))."""
     out = []
     lost = lost or {}
-    names = set(containers) | set(lost) | {n for n, r in recorded.items() if visible(r[0]) == "Pending"}
+    names = set(containers) | set(lost) | {n for n, r in recorded.items() if visible(r[0]) == S.PENDING}
     itypes = {g.InstanceGroupName: g.InstanceType for g in spec.InstanceGroups}
     roles = {g.InstanceGroupName.lower(): ROLE_BY_NODE_TYPE[g.node_type] for g in spec.InstanceGroups}
     gnames = {g.InstanceGroupName.lower(): g.InstanceGroupName for g in spec.InstanceGroups}
@@ -116,7 +117,7 @@ def node_views(
         host = None
         if c is None and n in lost:
             host, why = lost[n]
-            status, msg = "Failure", f"its host {host} does not answer ({why})"
+            status, msg = S.FAILURE, f"its host {host} does not answer ({why})"
         out.append(NodeView(n, group, itype, role, c, snodes.get(n), status, msg, host))
     return out
 
@@ -127,9 +128,9 @@ def group_views(
     out = []
     for g in spec.InstanceGroups:
         mine = [n for n in nodes if n.group == g.InstanceGroupName]
-        current = sum(1 for n in mine if n.status == "Running")
-        pending = sum(1 for n in mine if n.status == "Pending")
-        failed = sum(1 for n in mine if n.status == "Failure")
+        current = sum(1 for n in mine if n.status == S.RUNNING)
+        pending = sum(1 for n in mine if n.status == S.PENDING)
+        failed = sum(1 for n in mine if n.status == S.FAILURE)
         target = g.InstanceCount
         minimum = g.MinCount if g.MinCount is not None else target
         if current >= target and not failed:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import waits
 from . import phases
 from .phases import Phase
 from .transitions import ClusterStatus, cluster_edge, expected
@@ -427,7 +428,7 @@ class Store:
                 yield e
             if until():
                 return
-            time.sleep(poll)
+            waits.pause(poll)
 
     # -- node phases (Ray-style: timeouts and retry counts derive from the history) ------
     @staticmethod

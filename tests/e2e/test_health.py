@@ -66,7 +66,7 @@ def test_healthy_group_passes_and_other_group_runs_undisturbed(hp, tmp_path):
     during = wait_until(isolated, 60, step=0.2)
     assert during["other-1"]["InstanceStatus"]["Status"] == "Running"
     assert all(
-        "drain" in during[n]["SlurmState"] and during[n]["SlurmReason"].startswith("hp-health:")
+        "drain" in during[n]["SlurmState"] and during[n]["SlurmReason"].startswith("hp:health:")
         for n in ("cpu-1", "cpu-2", "cpu-3")
     ), during
     req = wait_until(lambda: ended(hp.json("health-check", "status", name).get("Request")), 300)
@@ -113,7 +113,7 @@ def assert_kept_drained(hp, name, req, failed: dict[str, str]) -> None:
     for n, check_name in failed.items():
         assert req["Verdicts"][n].startswith("Failed"), req["Verdicts"]
         assert "drain" in nodes[n]["SlurmState"], nodes[n]
-        assert nodes[n]["SlurmReason"].startswith(f"hp-health:{req['Id']}:{check_name} failed:"), nodes[n]
+        assert nodes[n]["SlurmReason"].startswith(f"hp:health:{req['Id']}:{check_name} failed:"), nodes[n]
         assert nodes[n]["InstanceStatus"]["Status"] == "Failure", nodes[n]
 
 
@@ -294,7 +294,7 @@ def test_on_start_checks_keep_new_nodes_out_of_jobs_until_they_pass(hp, tmp_path
     wait_until(done, 180)
     # while cpu-2 was drained (on-start pending, then the check's own drain) the job did not run
     drained = [s for s in seen if "DRAIN" in s[0]]
-    assert drained and all(s[1].startswith("hp-health:") for s in drained), seen
+    assert drained and all(s[1].startswith("hp:health:") for s in drained), seen
     assert all(s[2] == "PENDING" for s in drained), seen
     assert seen[-1][2] == "COMPLETED" and seen[-1][3] in ("cpu-[1-2]", "cpu-1,cpu-2"), seen
     st = wait_until(lambda: ended(hp.json("health-check", "status", name)["Request"]), 30)

@@ -23,6 +23,7 @@ import typer
 from fakes import World, force_status, spec_doc, world
 
 import orchestrator.cli as cli
+from orchestrator import waits
 from orchestrator.cli import ci as cli_ci
 from orchestrator.cli import cluster as cli_cluster
 from orchestrator.cli import common, output
@@ -711,7 +712,7 @@ def test_health_check_wait_shows_the_results_and_the_exit_code_says_if_all_passe
 
 
 def test_health_check_wait_times_out_with_exit_3(hp: Hp, worker: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(service.time, "sleep", lambda s: None)
+    monkeypatch.setattr(waits.time, "sleep", lambda s: None)
     r = hp("health-check", "start", "lab", "--check", "InstanceStress", "--wait", "--timeout", "0.02")
     assert r.code == 3 and "still Pending after 0.02 s" in r.err
 

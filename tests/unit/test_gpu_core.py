@@ -453,7 +453,7 @@ def test_release_gpu_cli(tmp_path):
     from orchestrator.state.store import Store
 
     home = tmp_path / "home"
-    capacity.quarantine(Store(home), ["GPU-a", "GPU-b"], "gpu-1: hp-gpu:replace:ecc-uncorrectable ...")
+    capacity.quarantine(Store(home), ["GPU-a", "GPU-b"], "gpu-1: hp:gpu:replace:ecc-uncorrectable ...")
     root = Path(__file__).resolve().parents[2]
 
     def hp(*args):
@@ -468,7 +468,7 @@ def test_release_gpu_cli(tmp_path):
     assert r.returncode == 2 and "not quarantined: GPU-x (quarantined: GPU-a, GPU-b)" in r.stderr
     r = hp("capacity", "release-gpu", "GPU-a")
     assert r.returncode == 0 and "back in the pool: GPU-a" in r.stderr
-    assert capacity.quarantined(Store(home)) == {"GPU-b": "gpu-1: hp-gpu:replace:ecc-uncorrectable ..."}
+    assert capacity.quarantined(Store(home)) == {"GPU-b": "gpu-1: hp:gpu:replace:ecc-uncorrectable ..."}
 
 
 def test_hp_logs_keeps_the_controllers_gres_conf(tmp_path):

@@ -80,7 +80,7 @@ def test_xid_79_drains_and_reboots_after_jobs():
     assert [(f.code, f.severity, f.action) for f in findings] == [("xid-79", "fatal", "reboot")]
     d = decide(findings)
     assert d.drain and d.action == "reboot" and not d.at_once
-    assert d.reason.startswith("hp-gpu:reboot:xid-79 XID 79 on GPU 0 (passive monitoring): GPU has fallen off the bus")
+    assert d.reason.startswith("hp:gpu:reboot:xid-79 XID 79 on GPU 0 (passive monitoring): GPU has fallen off the bus")
 
 
 def test_xid_13_is_recorded_not_drained():
@@ -108,7 +108,7 @@ def test_counter_rise_between_snapshots_replaces_at_once():
     ]
     assert findings[0].message == "GPU 0: uncorrectable ECC errors rose from 0 to 1"
     d = decide(findings)
-    assert d.drain and d.at_once and d.action == "replace" and d.reason.startswith("hp-gpu:replace:ecc-uncorrectable")
+    assert d.drain and d.at_once and d.action == "replace" and d.reason.startswith("hp:gpu:replace:ecc-uncorrectable")
 
 
 def test_gpu_lost_mid_run():
@@ -289,8 +289,8 @@ def test_drain_reason_and_decide():
         Finding("ecc-uncorrectable", "fatal", "replace", "ECC " + "x" * 300),
     ]
     r = drain_reason(fs)
-    assert r.startswith("hp-gpu:replace:ecc-uncorrectable ECC xxx") and len(r) == REASON_MAX and r.endswith("...")
-    assert drain_reason(fs[:2]) == "hp-gpu:reboot:remap-pending pending"
+    assert r.startswith("hp:gpu:replace:ecc-uncorrectable ECC xxx") and len(r) == REASON_MAX and r.endswith("...")
+    assert drain_reason(fs[:2]) == "hp:gpu:reboot:remap-pending pending"
     assert drain_reason(fs[:1]) == ""
     assert "(+1 more)" in drain_reason(fs[1:2] + [Finding("xid-74", "error", "reboot", "NVLink")])
     d = decide([])

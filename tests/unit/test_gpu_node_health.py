@@ -14,7 +14,7 @@ from fakes import FIXTURES, gpu_host, h200_uuid, spec_doc, world
 from gpu_fakes import FakeBackend, FakeNvml, h200_gpu, load_program
 from test_health_engine import STRESS_OK
 
-from orchestrator.agent.gpuwatch import L_WATCHES, GpuWatch
+from orchestrator.agent.gpuwatch import GpuWatch
 from orchestrator.cluster import capacity
 from orchestrator.cluster.context import Cluster
 from orchestrator.cluster.create import CreateOptions, create
@@ -24,7 +24,7 @@ from orchestrator.health import engine as engine_mod
 from orchestrator.health.engine import Options, run_and_record
 from orchestrator.health.gpucheck import CHECK_PROGRAM, condemned_gpus
 from orchestrator.health.logic import claim
-from orchestrator.naming import monitor_name
+from orchestrator.naming import L_WATCHES, monitor_name
 from orchestrator.recovery import actions
 from orchestrator.slurm.model import SlurmNode
 from orchestrator.spec.model import validate
@@ -266,7 +266,7 @@ def test_monitor_lines_are_followed_xid_79_drains_and_reboots_when_jobs_end(w):
         w.provider.push_log(monitor_name("lab", "gpu-1"), line)
     wait_for(lambda: "gpu-1" in gw.pending)
     sn = w.slurm.nodes_["gpu-1"]
-    assert sn.drained and sn.reason.startswith("hp-gpu:reboot:xid-79") and sn.gpu_finding
+    assert sn.drained and sn.reason.startswith("hp:gpu:reboot:xid-79") and sn.gpu_finding
     gw.step()
     assert gw.acts.done == []  # its job still runs: a reboot waits
     w.slurm.nodes_["gpu-1"] = SlurmNode("gpu-1", ("IDLE", "DRAIN"), sn.reason)
@@ -320,6 +320,6 @@ def test_a_finding_back_after_a_reboot_escalates_to_replace(w):
 
 
 def test_a_health_check_may_take_a_node_the_monitor_drained():
-    sn = SlurmNode("gpu-1", ("IDLE", "DRAIN"), "hp-gpu:reboot:xid-79 XID 79 on GPU 0")
+    sn = SlurmNode("gpu-1", ("IDLE", "DRAIN"), "hp:gpu:reboot:xid-79 XID 79 on GPU 0")
     assert claim(sn).drain and not sn.admin_hold and sn.condition() == "ok"
     assert not claim(sn, on_start=True).drain

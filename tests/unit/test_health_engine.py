@@ -139,7 +139,7 @@ def test_a_node_that_keeps_failing_is_kept_drained_with_the_reason(w):
     rid, verdicts = request(w, ["cpu-3"], checks=("InstanceStress",))
     assert verdicts["cpu-3"].startswith("Failed: InstanceStress: ")
     sn = w.slurm.nodes_["cpu-3"]
-    assert sn.drained and sn.reason.startswith(f"hp-health:{rid}:InstanceStress failed:")
+    assert sn.drained and sn.reason.startswith(f"hp:health:{rid}:InstanceStress failed:")
     assert not any(op == "restart" for op, _ in w.provider.calls)
     assert spec  # (unchanged otherwise)
 
@@ -194,7 +194,7 @@ def test_service_validates_before_touching_anything_and_cancels(w):
     with pytest.raises(NotFound):
         service.start(w.env, "nope", [], [], [], {})
     rid = service.start(w.env, "lab", ["cpu"], [], ["InstanceStress"], {}, detach=False)
-    w.slurm.drain(["cpu-1"], f"hp-health:{rid}:InstanceStress")
+    w.slurm.drain(["cpu-1"], f"hp:health:{rid}:InstanceStress")
     assert service.cancel(w.env, "lab") == rid
     assert not w.slurm.nodes_["cpu-1"].drained
     with pytest.raises(NotFound):
@@ -206,7 +206,7 @@ def test_a_request_whose_worker_died_is_failed_and_hands_its_nodes_back(w):
     rec = Records(w.env.store)
     rid = rec.new_request("lab", ["InstanceStress"], ["cpu"], ["cpu-1"], {})
     rec.set_pid(rid, 2**22 + 12345)  # no such process
-    w.slurm.drain(["cpu-1"], f"hp-health:{rid}:InstanceStress")
+    w.slurm.drain(["cpu-1"], f"hp:health:{rid}:InstanceStress")
     w.env.store.set_phase("lab", "cpu-1", "DeepHealthCheckInProgress", rid)
     doc = service.status(w.env, "lab", rid)
     assert doc["Request"]["State"] == "Failed" and "died" in doc["Request"]["Message"]
@@ -214,7 +214,7 @@ def test_a_request_whose_worker_died_is_failed_and_hands_its_nodes_back(w):
 
 
 def test_on_start_checks_of_new_nodes(w):
-    w.slurm.drain(["cpu-1", "cpu-2"], "hp-health:on-start:pending")
+    w.slurm.drain(["cpu-1", "cpu-2"], "hp:health:on-start:pending")
     w.env.store.update_spec(
         "lab",
         lambda s: {

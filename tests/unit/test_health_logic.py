@@ -7,13 +7,24 @@ import threading
 import pytest
 
 from orchestrator.docker.views import Limits as NodeLimits
+from orchestrator.health.gpu import Finding
+from orchestrator.health.gpumonitor import drain_reason
 from orchestrator.health.limits import CpuBudget, grant_problems, thresholds
 from orchestrator.health.logic import claim, implicated, ring_pairs, validate_checks
 from orchestrator.health.stress import StressOptions, judge, split_output, vm_bytes_for
 from orchestrator.health.stress import stress_command as _stress_command
-from orchestrator.slurm.model import ONSTART_REASON, SlurmNode
+from orchestrator.slurm.model import (
+    DELETING_REASON,
+    ONSTART_REASON,
+    REASON_PREFIX,
+    REBOOTING_REASON,
+    REMOVING_REASON,
+    SlurmNode,
+    is_gpu_monitor_reason,
+)
 from orchestrator.slurm.model import health_reason as reason
 from orchestrator.slurm.model import is_health_reason as is_ours
+from orchestrator.slurm.model import is_ours as is_hp_reason
 from orchestrator.spec.catalogue import InstanceType
 
 NANO = InstanceType("cpu.nano", 1, 0.05, 256, health={"IperfGbps": 0.2})
@@ -78,7 +89,7 @@ def test_claim_never_takes_a_foreign_drain():
     c = claim(node(["IDLE", "DRAIN"], "admin work"))
     assert not c.drain and "admin work" in c.skip_reason
     assert not claim(node(["IDLE", "DRAIN"], "admin work"), on_start=True).drain
-    assert claim(node(["IDLE", "DRAIN"], "hp-health:r0:InstanceStress failed: x")).drain
+    assert claim(node(["IDLE", "DRAIN"], "hp:health:r0:InstanceStress failed: x")).drain
     assert not claim(None).drain
 
 
@@ -88,14 +99,34 @@ def test_on_start_nodes_are_left_to_the_on_start_check():
     assert not c.drain and "on-start" in c.skip_reason
     assert claim(pending, on_start=True).drain
     # a node an earlier on-start check failed is hp's to check again, by either kind
-    assert claim(node(["IDLE", "DRAIN"], "hp-health:hc-1:InstanceStress failed: x"), on_start=True).drain
+    assert claim(node(["IDLE", "DRAIN"], "hp:health:hc-1:InstanceStress failed: x"), on_start=True).drain
 
 
 def test_idle_drained_and_reasons():
     assert node(["IDLE", "DRAIN"]).idle_drained
     assert not node(["MIXED", "DRAIN"]).idle_drained and not node(["IDLE"]).idle_drained
     r = reason("hc-1", "InstanceStress", "slow")
-    assert r == "hp-health:hc-1:InstanceStress failed: slow" and is_ours(r, "hc-1") and not is_ours(r, "hc-2")
+    assert r == "hp:health:hc-1:InstanceStress failed: slow" and is_ours(r, "hc-1") and not is_ours(r, "hc-2")
+
+
+def test_one_prefix_tells_hps_reasons_from_an_admins_also_those_of_the_previous_version():
+    ours = [reason("hc-1", "InstanceStress"), ONSTART_REASON, REMOVING_REASON, REBOOTING_REASON, DELETING_REASON]
+    ours.append(drain_reason([Finding("xid-79", "fatal", "reboot", "XID 79")]))
+    assert all(r.startswith(REASON_PREFIX) and is_hp_reason(r) for r in ours), ours
+    assert not any(is_hp_reason(r) for r in ("admin work", "Not responding", "Action:Reboot", "hpc upgrade"))
+    # a cluster created before one prefix: its drains stay hp's, read as what they became
+    old = [
+        "hp-health:hc-1:InstanceStress failed: x",
+        "hp-health:on-start:pending",
+        "hp-gpu:reboot:xid-79 X",
+        "hp delete",
+    ]
+    assert all(is_hp_reason(r) for r in old)
+    assert is_ours(old[0], "hc-1") and not is_ours(old[0], "hc-2") and is_gpu_monitor_reason(old[2])
+    assert node(["IDLE", "DRAIN"], old[1]).awaiting_onstart and node(["IDLE", "DRAIN"], old[0]).failed_health_check
+    assert node(["IDLE", "DRAIN"], old[2]).gpu_finding and not node(["IDLE", "DRAIN"], old[3]).admin_hold
+    assert claim(node(["IDLE", "DRAIN"], old[0])).drain
+    assert node(["IDLE", "DRAIN"], "admin work").admin_hold and node(["DOWN"], "hp-x").admin_hold
     assert validate_checks(["InstanceStress", "Nope"]) == [
         "unknown check 'Nope' (checks: InstanceStress, InstanceConnectivity)"
     ]

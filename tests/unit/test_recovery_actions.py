@@ -100,9 +100,9 @@ def test_the_watcher_records_each_auto_resume_retry_once_after_it_acted_on_a_wor
 
 def test_reboot_keeping_the_node_drained_for_a_health_check(w):
     c = Cluster(w.env, "lab")
-    assert actions.reboot(c, "cpu-2", "check failed", wait=2, keep_drained="hp-health:hc-1:InstanceStress")
+    assert actions.reboot(c, "cpu-2", "check failed", wait=2, keep_drained="hp:health:hc-1:InstanceStress")
     sn = w.slurm.nodes_["cpu-2"]
-    assert sn.drained and sn.reason == "hp-health:hc-1:InstanceStress"
+    assert sn.drained and sn.reason == "hp:health:hc-1:InstanceStress"
 
 
 def test_replace_makes_a_new_container_under_the_same_name(w):

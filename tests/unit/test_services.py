@@ -7,6 +7,7 @@ token), the metrics families (parsed with prometheus_client's text parser), `hp 
 from __future__ import annotations
 
 import http.client
+import itertools
 import json
 import socket
 import threading
@@ -466,7 +467,7 @@ def test_token_api_metrics_cli(tmp_path, monkeypatch, capsys):
     code, out, _ = run("token", "rl", "--json")
     assert code == 0 and json.loads(out)["User"] == "hpuser"
     w.env.store.put("endpoint.rest:rl", "1")  # recorded, but nothing listens: the agent is not serving
-    monkeypatch.setattr("orchestrator.services.endpoints.time.monotonic", iter([0, 0, 100, 100]).__next__)
+    monkeypatch.setattr("orchestrator.waits.time.monotonic", itertools.count(0, 100).__next__)  # 15 s pass at once
     code, _, err = run("api", "rl")
     assert code == 1 and "does not serve its rest endpoint" in err
 

@@ -149,7 +149,7 @@ def test_job_with_the_controller_stopped_is_operation_failed() -> None:
 # -- node state changes ----------------------------------------------------------------
 def test_drain_resume_delete_argv_one_argument_each_no_shell() -> None:
     s, p = slurm(lambda c, cmd: ExecResult(0, ""))
-    s.drain(["cpu-1", "cpu-2"], "hp-health:r1:InstanceStress failed: too slow; rm -rf /")
+    s.drain(["cpu-1", "cpu-2"], "hp:health:r1:InstanceStress failed: too slow; rm -rf /")
     s.resume(["cpu-1"])
     s.delete(["cpu-1", "cpu-2"])
     assert [(c, cmd) for c, cmd, _ in p.execs] == [
@@ -160,7 +160,7 @@ def test_drain_resume_delete_argv_one_argument_each_no_shell() -> None:
                 "update",
                 "nodename=cpu-1,cpu-2",
                 "state=drain",
-                "reason=hp-health:r1:InstanceStress failed: too slow; rm -rf /",
+                "reason=hp:health:r1:InstanceStress failed: too slow; rm -rf /",
             ],
         ),
         (CTL, ["scontrol", "update", "nodename=cpu-1", "state=resume"]),

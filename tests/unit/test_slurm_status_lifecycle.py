@@ -50,7 +50,7 @@ def ci(state="running", code=0, role="worker", node="cpu-a-1", group="cpu-a"):
 
 IDLE = SlurmNode("cpu-a-1", ("IDLE", "DYNAMIC_NORM"))
 DOWN = SlurmNode("cpu-a-1", ("DOWN", "NOT_RESPONDING"), reason="Not responding")
-DRAINED = SlurmNode("cpu-a-1", ("IDLE", "DRAIN"), reason="hp-health:hc-1:InstanceStress")
+DRAINED = SlurmNode("cpu-a-1", ("IDLE", "DRAIN"), reason="hp:health:hc-1:InstanceStress")
 
 
 @pytest.mark.parametrize(

@@ -45,8 +45,8 @@ def test_max_node_count_has_headroom_and_gpu_gres():
     assert s.max_nodes == 400
     assert "GresTypes=gpu" in conf_lines(doc)
     assert slurmd_conf(CAT["gpu.8x"], "g") == "CPUs=32 RealMemory=65536 Features=g Gres=gpu:8"
-    assert slurmd_conf(CAT["cpu.nano"], "g", "hp-health:on-start:pending").endswith(
-        " State=DRAIN Reason=hp-health:on-start:pending"
+    assert slurmd_conf(CAT["cpu.nano"], "g", "hp:health:on-start:pending").endswith(
+        " State=DRAIN Reason=hp:health:on-start:pending"
     )
     # recorded with the spec, MaxNodeCount stays what the cluster was made with
     assert validate({**doc, "MaxNodeCount": 500}, CAT).max_nodes == 500

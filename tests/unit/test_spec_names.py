@@ -1,4 +1,4 @@
-"""Name limits found with real clusters (issue 9, item 3; see orchestrator/specnames.py):
+"""Name limits found with real clusters (issue 9, item 3; see orchestrator/spec/names.py):
 each case that failed on a real cluster is refused at validation, each that worked is
 still accepted."""
 
