@@ -29,7 +29,7 @@ from common import bench_env, hp, spec_doc, write_json
 
 from orchestrator.docker.engine import DockerEngine as DockerProvider
 from orchestrator.docker.images import CHECK_IMAGES, Images
-from orchestrator.health.stress import StressOptions, stress_command
+from orchestrator.health.tools.stress import StressOptions, stress_command
 
 SECONDS = 5
 N = 8
@@ -143,7 +143,7 @@ def process_cpu_seconds(pid: int) -> float:
 
 def gpu_section(idle_seconds: float = 60.0) -> None:
     """Only where GPUs are found (see the module's docstring)."""
-    from orchestrator.cluster.context import Env
+    from orchestrator.core.context import Env
     from orchestrator.state.store import Store
 
     with tempfile.TemporaryDirectory(prefix="hcb-gpu-") as home:

@@ -1,5 +1,5 @@
 """The per-cluster background agent: keeps provisioning (and recovery) going after the
-CLI exits. Run as `python -m orchestrator.agent NAME` (process control: process.py).
+CLI exits. Run as `python -m orchestrator.agent NAME` (process control: core/agents.py).
 
 One process per cluster, started by `hp create` and restarted by any hp command that
 finds it gone. Beside provisioning it runs the recovery watcher, the cluster services'
@@ -31,15 +31,15 @@ import threading
 import time
 from typing import Any
 
-from ..cluster.context import Cluster, Env
-from ..cluster.launcher import Launcher
+from ..core.agents import DEAD_STATUSES, paths
+from ..core.context import Cluster, Env
+from ..core.launcher import Launcher
 from ..errors import TRANSIENT, EngineError, EngineUnavailable, bug_signature, guarded, report_bug
 from ..naming import SERVICE_HOSTS, group_prefix
 from ..slurm.model import SlurmNode
 from ..spec.model import InstanceGroup
 from ..state.phases import Phase
-from .onstart import OnStartQueue
-from .process import DEAD_STATUSES, paths
+from .onstart_queue import OnStartQueue
 from .reconciler import RESYNC, GroupReconciler
 
 log = logging.getLogger("hp.agent")
@@ -92,7 +92,7 @@ class Agent:
         )
 
     def _hosts(self) -> None:
-        from ..hosts.watch import HostWatch
+        from ..hosts.hostwatch import HostWatch
 
         # a bug in the host watcher is reported; provisioning and recovery go on without it
         guarded(self.env.store, self.name, "the host watcher", log, HostWatch(self.env, self.name).run, self.stop)
@@ -101,7 +101,7 @@ class Agent:
         """Accounting and REST (services/): the watch that keeps them up, and the
         loopback endpoints (metrics, the REST front)."""
         from ..services.endpoints import Endpoints
-        from ..services.watch import ServiceWatch
+        from ..services.servicewatch import ServiceWatch
 
         guarded(self.env.store, self.name, "the metrics and REST endpoints", log, Endpoints(self.env, self.name).start)
         self._services = ServiceWatch(self.env, self.name)
@@ -113,7 +113,7 @@ class Agent:
         guarded(self.env.store, self.name, "the GPU monitors", log, GpuWatch(self.env, self.name).run, self.stop)
 
     def _onstart_queue(self) -> OnStartQueue:
-        from ..health.onstart import ClusterBusy, check_new_nodes
+        from ..health.requests.onstart import ClusterBusy, check_new_nodes
 
         cluster = Cluster(self.env, self.name)
 
@@ -137,7 +137,7 @@ class Agent:
         cluster = Cluster(env, self.name)
         threading.Thread(target=self._events, daemon=True, name="events").start()
         threading.Thread(target=self._recovery, daemon=True, name="recovery").start()
-        if env.multihost:  # hosts lost and back (hosts/watch.py)
+        if env.multihost:  # hosts lost and back (hosts/hostwatch.py)
             threading.Thread(target=self._hosts, daemon=True, name="hosts").start()
         threading.Thread(target=self._cluster_services, daemon=True, name="services").start()
         from ..cluster.create import has_gpus

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..cluster.context import Cluster, Env
+from ..core.context import Cluster, Env
 from ..docker.views import Container
 from ..errors import NotFound
 from ..naming import SERVICE_HOSTS
@@ -100,7 +100,7 @@ def export_logs(env: Env, name: str, directory: Path, log: Log = lambda s: None)
         w.json("events.json", [e.as_dict() for e in env.store.events(name, limit=10_000)])
         w.write("slurm.conf", _slurm_conf(cluster, ctl))
         if ctl is not None and (gres := cluster.p.get_dir(ctl.id, "/etc/slurm/gres.conf")):
-            w.write("gres.conf", next(iter(gres.values())))  # GPU nodes' GRES (cluster/gpunodes.py)
+            w.write("gres.conf", next(iter(gres.values())))  # GPU nodes' GRES (gpu/gresconf.py)
         health = _health_results(env, name)
         if health:
             w.json("health-checks.json", health)
@@ -167,7 +167,7 @@ def _slurm_conf(cluster: Cluster, ctl: Container | None) -> bytes:
 
 def _health_results(env: Env, name: str) -> list[dict[str, Any]]:
     """The deep health checks hp recorded for the cluster: requests and per-node results."""
-    from ..health.records import Records
+    from ..health.requests.records import Records
 
     rec = Records(env.store)
     return [

@@ -7,10 +7,10 @@ from __future__ import annotations
 import shutil
 import time
 
+from ..core.context import Cluster, Env, parallel
 from ..docker.provider import Provider
 from ..errors import EngineError, NotFound, OperationFailed
 from ..slurm.model import DELETING_REASON
-from .context import Cluster, Env, parallel
 
 NETWORK_BUSY_S = 15.0  # an overlay's endpoints on other hosts go a moment after their containers
 
@@ -70,7 +70,7 @@ def delete(env: Env, name: str) -> dict[str, int]:
         env.store.set_status(name, "Deleting")
         env.store.event(name, "Cluster", "Info", f"Cluster {name} deletion started")
         env.agents.stop(name)  # nothing may launch a node while the cluster goes
-        from ..health.service import stop_for_delete
+        from ..health.requests.service import stop_for_delete
 
         stop_for_delete(env, name)
         cluster = Cluster(env, name)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..core.context import DEFAULT_UID, DEFAULT_USER, Env
 from ..errors import BadInput, OperationFailed
 from ..naming import container_name
-from .context import DEFAULT_UID, DEFAULT_USER, Env
 
 Write = Callable[[bytes, bool], None]  # (data, is stderr)
 

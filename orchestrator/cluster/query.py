@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..core.context import Cluster, Env
 from ..errors import EngineUnavailable, OperationFailed
 from ..slurm.model import SlurmNode
 from ..state.status import NodeView, group_views, node_views
 from ..state.store import iso
-from .context import Cluster, Env
 
 
 def list_clusters(env: Env) -> dict[str, Any]:

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..core import capacity
+from ..core.context import Cluster, Env
 from ..errors import BadInput
 from ..naming import node_id
 from ..spec.model import SLURM_MAX_NODES
 from ..state.phases import Owner, Phase, owner
-from . import capacity
-from .context import Cluster, Env
 
 SCALABLE = ("InService", "Creating", "Updating")
 
@@ -50,7 +50,7 @@ def bound_problems(c: Cluster, group: str, new_count: int) -> list[str]:
     if list(pools) == [""]:
         ceiling, why = capacity.ceiling(itype, pools[""])
     else:  # a node fits on one host: the bound is the sum of each host's
-        from .placement import hosts_of
+        from ..core.placement import hosts_of
 
         bounds = {h: capacity.ceiling(itype, pools[h]) for h in hosts_of(g, list(pools)) if h in pools}
         ceiling = sum(b[0] for b in bounds.values())

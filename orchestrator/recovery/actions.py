@@ -14,8 +14,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from ..cluster.context import Cluster
-from ..cluster.launcher import Launcher
+from ..core.context import Cluster
+from ..core.launcher import Launcher
 from ..docker.views import Container
 from ..errors import TRANSIENT, BadInput, LaunchError, OperationFailed
 from ..naming import ROLE_BY_NODE_TYPE, node_id, split_node
@@ -191,7 +191,7 @@ def recover(cluster: Cluster, node: str, reason: str, wait: float = 60.0) -> boo
 def reregister_lost(cluster: Cluster, wait: float = 60.0) -> list[str]:
     """A controller killed before it saved its state forgets the dynamic nodes that
     registered since; their slurmd never registers again by itself. Reboot them."""
-    from ..cluster.context import parallel
+    from ..core.context import parallel
 
     try:
         known = {n.name for n in cluster.slurm.nodes()}

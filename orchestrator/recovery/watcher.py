@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ..cluster.context import Cluster, Env
+from ..core.context import Cluster, Env
 from ..docker.views import Event
 from ..errors import TRANSIENT, EngineError, EngineUnavailable, report_bug
 from ..slurm.model import SlurmNode

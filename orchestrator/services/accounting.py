@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from string import Template
 
-from ..cluster.context import SLURM_UID, Cluster
+from ..core.context import SLURM_UID, Cluster
 from ..docker.views import Container, ContainerSpec
 from ..errors import EngineError, OperationFailed
 from ..naming import SERVICE_HOSTS, database_volume, labels, network_name, service_container
@@ -132,7 +132,7 @@ def container_spec(cluster: Cluster, role: str, image: str) -> ContainerSpec:
     if role == "database":
         spec.volumes = {database_volume(cluster.name): "/var/lib/mysql"}
     if cluster.multihost:  # registered hosts: on the controller's host
-        from ..cluster.multihost import controller_host_of
+        from ..core.across_hosts import controller_host_of
         from ..naming import L_HOST
 
         spec.host = controller_host_of(cluster)

@@ -10,7 +10,7 @@ import socket
 import time
 from typing import Any
 
-from ..cluster.context import Cluster, Env
+from ..core.context import Cluster, Env
 from ..errors import EngineError, OperationFailed
 from ..naming import network_name, service_container
 from ..state.store import Store

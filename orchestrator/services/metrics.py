@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from ..cluster.context import Cluster
+from ..core.context import Cluster
 from ..errors import TRANSIENT
 from ..naming import group_prefix
 from ..state.phases import Phase
@@ -113,7 +113,7 @@ class ClusterCollector:
             for g in sorted(set(groups.values()) | set(per)):
                 fam.add_metric([name, g], per.get(g, 0))
             out.append(fam)
-        from ..health.records import Records
+        from ..health.requests.records import Records
 
         results = CounterMetricFamily(
             "hp_health_check_results",

@@ -16,7 +16,7 @@ from ..errors import OperationFailed
 # -- reasons --------------------------------------------------------------------------
 HEALTH_PREFIX = "hp-health:"  # hp's deep health checks drain with hp-health:<request>:<check>[ failed: why]
 ONSTART_REASON = "hp-health:on-start:pending"  # new nodes of groups with on-start checks register drained so
-# hp's passive GPU monitor drains with hp-gpu:<action>:<finding code> <message> (health/gpumonitor.py)
+# hp's passive GPU monitor drains with hp-gpu:<action>:<finding code> <message> (gpu/monitor.py)
 GPU_MONITOR_PREFIX = "hp-gpu:"
 REMOVING_REASON = "hp: removing node"  # scale-down / delete-nodes drain
 # a worker rebooted or replaced while Slurm still had jobs on it: set DOWN so that Slurm

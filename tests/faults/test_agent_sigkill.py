@@ -122,7 +122,7 @@ def test_health_check_worker_sigkill_hands_nodes_back(hp, tmp_path):
     doc["InstanceGroups"][0]["InstanceType"] = "cpu.nano"
     hp("create", "-f", str(write_spec(tmp_path / "s.json", doc)), "--timeout", "120", check=True)
     rid = hp("health-check", "start", name, "--group", "cpu", "--stress-seconds", "5", check=True).stdout.strip()
-    from orchestrator.health.records import Records
+    from orchestrator.health.requests.records import Records
     from orchestrator.state.store import Store
 
     deadline = time.monotonic() + 30

@@ -81,7 +81,7 @@ def test_phases_are_written_only_through_the_gate() -> None:
 def test_importing_the_cli_touches_no_engine_and_no_database(tmp_path: Path) -> None:
     code = (
         "import os, sys; os.environ['DOCKER_HOST'] = 'tcp://127.0.0.1:9'; import orchestrator.cli, "
-        "orchestrator.agent.daemon, orchestrator.health.engine; "
+        "orchestrator.agent.daemon, orchestrator.health.requests.runner; "
         "assert 'docker' not in sys.modules, 'docker-py imported at import time'; "
         "import pathlib; assert not any(pathlib.Path(os.environ['HP_HOME']).iterdir())"
     )

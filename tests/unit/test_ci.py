@@ -25,7 +25,7 @@ from orchestrator.ci.version import parse_dpkg_version, slurm_version, versions
 from orchestrator.cluster.create import CreateOptions, create
 from orchestrator.docker.views import ExecResult
 from orchestrator.errors import BadInput, EngineError, NotFound, OperationFailed, WaitTimeout
-from orchestrator.health.records import Records
+from orchestrator.health.requests.records import Records
 from orchestrator.slurm.model import JobInfo
 from orchestrator.spec.model import validate
 from orchestrator.state.phases import Phase

@@ -7,10 +7,10 @@ import threading
 import pytest
 
 from orchestrator.docker.views import Limits as NodeLimits
-from orchestrator.health.limits import CpuBudget, grant_problems, thresholds
-from orchestrator.health.logic import claim, implicated, ring_pairs, validate_checks
-from orchestrator.health.stress import StressOptions, judge, split_output, vm_bytes_for
-from orchestrator.health.stress import stress_command as _stress_command
+from orchestrator.health.requests.decisions import claim, implicated, ring_pairs, validate_checks
+from orchestrator.health.tools.limits import CpuBudget, grant_problems, thresholds
+from orchestrator.health.tools.stress import StressOptions, judge, split_output, vm_bytes_for
+from orchestrator.health.tools.stress import stress_command as _stress_command
 from orchestrator.slurm.model import ONSTART_REASON, SlurmNode
 from orchestrator.slurm.model import health_reason as reason
 from orchestrator.slurm.model import is_health_reason as is_ours
@@ -150,7 +150,7 @@ def test_stress_options_are_validated_and_never_reach_a_shell():
 def test_concurrent_results_get_their_own_rows(tmp_path):
     from concurrent.futures import ThreadPoolExecutor
 
-    from orchestrator.health.records import Records, Result
+    from orchestrator.health.requests.records import Records, Result
     from orchestrator.state.store import Store
 
     rec = Records(Store(tmp_path))

@@ -16,10 +16,10 @@ import pytest
 from fakes import spec_doc, world
 
 from orchestrator.ci.logs import export_logs
-from orchestrator.cluster.context import Cluster
 from orchestrator.cluster.create import CreateOptions, create
 from orchestrator.cluster.delete import delete
 from orchestrator.cluster.query import describe
+from orchestrator.core.context import Cluster
 from orchestrator.docker.views import ExecResult
 from orchestrator.errors import BadInput, EngineError, OperationFailed
 from orchestrator.recovery import actions
@@ -27,7 +27,7 @@ from orchestrator.services import accounting, jwt
 from orchestrator.services.endpoints import REST_RELAY
 from orchestrator.services.front import Front
 from orchestrator.services.metrics import registry
-from orchestrator.services.watch import ServiceWatch
+from orchestrator.services.servicewatch import ServiceWatch
 from orchestrator.slurm.conf import render, slurmdbd_conf
 from orchestrator.slurm.model import AccountingPing, parse_accounting_ping, parse_job_states, parse_sacct, parse_token
 from orchestrator.spec.model import ACCOUNTING_DEFAULT, REST_DEFAULT, validate, with_overrides
@@ -173,7 +173,7 @@ def test_parsers():
 
 # -- bringing services back -----------------------------------------------------------------------
 def test_watch_brings_a_dead_database_back_and_records_it(tmp_path, monkeypatch):
-    monkeypatch.setattr("orchestrator.services.watch.SETTLE_S", 0)
+    monkeypatch.setattr("orchestrator.services.servicewatch.SETTLE_S", 0)
     w = world(tmp_path)
     c = make(w)
     w.provider.kill("hp-lab-mariadb")
@@ -192,7 +192,7 @@ def test_watch_brings_a_dead_database_back_and_records_it(tmp_path, monkeypatch)
 
 
 def test_watch_restarts_a_hung_service_after_a_while_and_reports_health_changes(tmp_path, monkeypatch):
-    monkeypatch.setattr("orchestrator.services.watch.SETTLE_S", 0)
+    monkeypatch.setattr("orchestrator.services.servicewatch.SETTLE_S", 0)
     w = world(tmp_path)
     make(w)
     watch = ServiceWatch(w.env, "lab")
@@ -210,7 +210,7 @@ def test_watch_restarts_a_hung_service_after_a_while_and_reports_health_changes(
 
 
 def test_a_service_that_does_not_come_back_is_retried_later(tmp_path, monkeypatch):
-    monkeypatch.setattr("orchestrator.services.watch.SETTLE_S", 0)
+    monkeypatch.setattr("orchestrator.services.servicewatch.SETTLE_S", 0)
     w = world(tmp_path)
     make(w)
     w.provider.kill("hp-lab-mariadb")

@@ -9,12 +9,14 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from ..cluster.context import Cluster, parallel
-from ..spec.catalogue import InstanceType
-from . import iperf, mpi, nccl, sidecar
-from .limits import thresholds
-from .logic import implicated, interleave_hosts, ring_pairs
-from .verdict import Verdict
+from ...core.context import Cluster, parallel
+from ...gpu import nccl
+from ...spec.catalogue import InstanceType
+from ...verdict import Verdict
+from ..tools import iperf, mpi
+from ..tools.limits import thresholds
+from . import sidecar
+from .decisions import implicated, interleave_hosts, ring_pairs
 
 SSH_PORT = 2222  # in the node's network namespace; the node's own sshd (if any) keeps 22
 KEY = "/root/.ssh/hp-health"

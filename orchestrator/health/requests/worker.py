@@ -1,16 +1,16 @@
 """The detached process that runs one health-check request:
-python -m orchestrator.health.worker CLUSTER REQUEST_ID"""
+python -m orchestrator.health.requests.worker CLUSTER REQUEST_ID"""
 
 from __future__ import annotations
 
 import sys
 import traceback
 
-from ..cluster.context import Cluster, Env
-from . import options as option_rules
-from .engine import Options, run_and_record
+from ...core.context import Cluster, Env
+from ..tools import options as option_rules
+from ..tools.stress import StressOptions
 from .records import Records
-from .stress import StressOptions
+from .runner import Options, run_and_record
 
 
 def options(o: dict) -> Options:

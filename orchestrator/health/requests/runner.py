@@ -16,22 +16,18 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from ..cluster import capacity
-from ..cluster.context import Cluster, parallel
-from ..docker.images import CHECK_IMAGES
-from ..errors import TRANSIENT, OperationFailed, report_bug
-from ..recovery import actions as recovery
-from ..slurm.model import ONSTART_REASON, SlurmNode, health_reason, is_health_reason
-from ..spec.catalogue import InstanceType
-from ..state.phases import Phase
-from . import sidecar
-from .connectivity import run_connectivity
-from .gpu import FAILING, strongest
-from .gpucheck import GpuCheckOptions, run_gpu_check
-from .limits import CpuBudget, grant_problems
-from .logic import Outcome, claim
-from .records import Records, Result, output_dir
-from .stress import (
+from ...core import capacity
+from ...core.context import Cluster, parallel
+from ...docker.images import CHECK_IMAGES
+from ...errors import TRANSIENT, OperationFailed, report_bug
+from ...gpu.judge import FAILING, strongest
+from ...recovery import actions as recovery
+from ...slurm.model import ONSTART_REASON, SlurmNode, health_reason, is_health_reason
+from ...spec.catalogue import InstanceType
+from ...state.phases import Phase
+from ...verdict import Verdict
+from ..tools.limits import CpuBudget, grant_problems
+from ..tools.stress import (
     MEMORY_COMMAND,
     StressOptions,
     cpu_instances,
@@ -40,7 +36,11 @@ from .stress import (
     stress_command,
     vm_bytes_for,
 )
-from .verdict import Verdict
+from . import sidecar
+from .connectivity import run_connectivity
+from .decisions import Outcome, claim
+from .gpu_check import GpuCheckOptions, run_gpu_check
+from .records import Records, Result, output_dir
 
 log = logging.getLogger("hp.health")
 

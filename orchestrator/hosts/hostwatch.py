@@ -39,8 +39,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..cluster.context import Cluster, Env
-from ..cluster.multihost import controller_host_of, ensure_fileserver
+from ..core.across_hosts import controller_host_of, ensure_fileserver
+from ..core.context import Cluster, Env
 from ..errors import TRANSIENT, EngineError, EngineUnavailable, report_bug
 from ..naming import node_id
 from ..state.phases import Phase, allowed
@@ -149,7 +149,7 @@ class HostWatch:
     def _swarm_states(self) -> dict[str, str]:
         """Hosts whose swarm node a manager sees Down (their engine may still answer):
         fenced in the registry (no node is placed there) until Ready again."""
-        from ..hosts.registry import _manager
+        from .registry import _manager
 
         store = self.env.store
         try:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..state.store import Store, iso
+from ...state.store import Store, iso
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS health_requests (

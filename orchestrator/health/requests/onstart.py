@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import os
 
-from ..cluster.context import Cluster
-from ..errors import OperationFailed
-from ..naming import group_prefix
-from .engine import Options, run_and_record
-from .logic import Outcome
+from ...core.context import Cluster
+from ...errors import OperationFailed
+from ...naming import group_prefix
+from .decisions import Outcome
 from .records import Records
+from .runner import Options, run_and_record
 
 
 class ClusterBusy(OperationFailed):

@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 
-from ..cluster.context import Cluster, Env
+from ..core.context import Cluster, Env
 from ..errors import TRANSIENT, OperationFailed
 from ..naming import SERVICE_HOSTS
 from .accounting import DAEMON_DOWN, Health, ensure_up, health, restart, roles, service_containers

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import logging
 
+from ..core.context import Cluster
 from ..docker.views import Container
 from ..errors import ObjectMissing
-from ..gpu.gres import GresError, GresNode, gres_conf, lines_changed
 from ..naming import L_GPU_DEVICES, L_GPU_MODEL
-from .context import Cluster
+from .gres import GresError, GresNode, gres_conf, lines_changed
 
 log = logging.getLogger("hp")
 

@@ -30,7 +30,7 @@ def paths(home: Path, name: str) -> tuple[Path, Path, Path]:
 
 
 class AgentProcesses:
-    """The Agents interface (cluster/context.py) on real processes."""
+    """The Agents interface (core/context.py) on real processes."""
 
     def __init__(self, store: Store | None = None):
         self._store = store

@@ -10,14 +10,14 @@ import sys
 import time
 from typing import Any
 
-from ..cluster.context import Cluster, Env
-from ..errors import BadInput, NotFound, OperationFailed, WaitTimeout
-from ..slurm.model import is_health_reason
-from ..state.phases import Phase
-from ..state.store import iso
-from . import options as option_rules
+from ...core.context import Cluster, Env
+from ...errors import BadInput, NotFound, OperationFailed, WaitTimeout
+from ...slurm.model import is_health_reason
+from ...state.phases import Phase
+from ...state.store import iso
+from ..tools import options as option_rules
 from . import sidecar
-from .logic import CHECKS, validate_checks
+from .decisions import CHECKS, validate_checks
 from .records import Records, Request, output_dir
 
 
@@ -78,7 +78,7 @@ def start(
         if problems := option_rules.problems(options, node_memory_mib=mem, host_memory_mib=host):
             raise BadInput(problems, "invalid health-check request")
     if "InstanceStress" in checks and any(env.catalogue[g.InstanceType].gpus for g in map(cluster.group_of, gs)):
-        from .gpucheck import thresholds_checked
+        from .gpu_check import thresholds_checked
 
         thresholds_checked()  # GPU nodes are judged against it: a bad file is bad input, now
     rec = Records(env.store)
@@ -99,7 +99,7 @@ def start(
     )
     if detach:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator.health.worker", name, rid],
+            [sys.executable, "-m", "orchestrator.health.requests.worker", name, rid],
             start_new_session=True,
             stdin=subprocess.DEVNULL,
             stdout=open(rec_log(env, name, rid), "ab"),
@@ -134,7 +134,7 @@ def reap_dead(env: Env, rec: Records, r: Request) -> Request:
     nodes it held are handed back (as run_and_record would have)."""
     if r.state in ("Pending", "Running") and r.pid and not alive(r.pid):
         rec.set_state(r.id, "Failed", "the health-check worker process died", ended=True)
-        from .engine import hand_back
+        from .runner import hand_back
 
         try:
             hand_back(Cluster(env, r.cluster), r.id, r.nodes, bool(r.options.get("on_start")))

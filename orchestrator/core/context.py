@@ -26,7 +26,7 @@ from ..spec.model import ClusterSpec, InstanceGroup, validate
 from ..state.store import Latest, Store
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..gpu.host import HostGpuInfo
+    from ..gpu.inventory import HostGpuInfo
 
 log = logging.getLogger("hp")
 T = TypeVar("T")
@@ -37,7 +37,7 @@ DEFAULT_UID = 1000
 
 
 class Agents(Protocol):
-    """The per-cluster background agents (agent/process.py; a no-op fake in unit tests)."""
+    """The per-cluster background agents (core/agents.py; a no-op fake in unit tests)."""
 
     def ensure(self, name: str) -> dict: ...
 
@@ -66,7 +66,7 @@ class Env:
 
             self.provider = provider_for(self.store)
         if self.agents is None:
-            from ..agent.process import AgentProcesses
+            from .agents import AgentProcesses
 
             self.agents = AgentProcesses(self.store)
 
@@ -99,9 +99,9 @@ class Env:
         return NODE_IMAGES + (MULTIHOST_IMAGES if self.multihost else ())
 
     def gpus(self, refresh: bool = False, host: str = "") -> HostGpuInfo:
-        """A Docker host's GPUs (gpu/host.py: discovery cached in the store, or HP_GPUS):
+        """A Docker host's GPUs (gpu/inventory.py: discovery cached in the store, or HP_GPUS):
         the one engine's, or a registered host's (the first one when `host` is "")."""
-        from ..gpu.host import discover
+        from ..gpu.inventory import discover
 
         engines = self.provider.engines()
         engine = engines.get(host) or next(iter(engines.values()))

@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING
 
 from ..docker.views import ContainerSpec
 from ..errors import EngineError, EngineUnavailable, OperationFailed
-from ..hosts import probe
 from ..naming import L_HOST, fileserver_name, labels, network_name, shared_volume
 from ..spec.model import ClusterSpec
+from . import hostprobe
 from .context import Cluster, parallel
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -33,7 +33,7 @@ FILESERVER_MEMORY = 512 << 20
 
 def host_problems(env: Env, log: Callable[[str], None]) -> list[str]:
     """Create's preflight on registered hosts: every reachable host nodes may be placed
-    on still runs them (hosts/probe.py, as `hp hosts add` checked), probed at once,
+    on still runs them (core/hostprobe.py, as `hp hosts add` checked), probed at once,
     before any image is streamed or any container made."""
     p = env.provider
     down = p.unreachable()
@@ -43,7 +43,7 @@ def host_problems(env: Env, log: Callable[[str], None]) -> list[str]:
 
     def one(h: str) -> list[str]:
         try:
-            return [f"host {h} cannot run hp's nodes now: {x}" for x in probe.problems(p, ref, None, h)]
+            return [f"host {h} cannot run hp's nodes now: {x}" for x in hostprobe.problems(p, ref, None, h)]
         except EngineUnavailable as ex:  # gone meanwhile: placement leaves it out
             log(f"host {h}: {str(ex).splitlines()[0][:200]}")
             return []
