@@ -9,6 +9,7 @@ Protocol: the orchestration is unit-tested against an in-memory fake, tests/fake
 
 from __future__ import annotations
 
+import time
 from typing import Protocol, runtime_checkable
 
 from ..docker.provider import Provider
@@ -179,8 +180,6 @@ class SlurmCli:
         return parse_auto_resume(self._run("squeue", "-h", "-t", "all", "-n", AUTO_RESUME_JOB, "-o", "%i|%k"))
 
     def reconfigure(self, timeout: float = 30.0) -> None:
-        import time
-
         self._run("scontrol", "reconfigure")
         deadline = time.monotonic() + timeout
         while not self.ping():  # 24.11 re-executes slurmctld on reconfigure

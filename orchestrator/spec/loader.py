@@ -35,6 +35,7 @@ import re
 import stat
 from collections.abc import Callable
 from json.decoder import JSONDecodeError, scanstring
+from json.scanner import py_make_scanner
 from pathlib import Path
 from typing import Any
 
@@ -210,7 +211,6 @@ class _JsonDecoder(json.JSONDecoder):
         self.budget = _Budget()
         self.depth = 0
         self.text = ""
-        from json.scanner import py_make_scanner
 
         self.scan_once = py_make_scanner(self)
 

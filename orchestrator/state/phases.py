@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass
 from enum import Enum
 
+from tenacity import RetryCallState, wait_exponential
+
 from ..errors import InvalidTransition
 
 
@@ -224,8 +226,6 @@ class Backoff:
     maximum: float = 10.0
 
     def delay(self, attempt: int) -> float:
-        from tenacity import RetryCallState, wait_exponential
-
         state = RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
         state.attempt_number = max(attempt, 1)
         return float(wait_exponential(multiplier=self.initial, min=self.initial, max=self.maximum)(state))
