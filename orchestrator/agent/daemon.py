@@ -31,6 +31,7 @@ import threading
 import time
 from typing import Any
 
+from .. import wiring
 from ..core.agents import DEAD_STATUSES, paths
 from ..core.context import Cluster, Env
 from ..core.launcher import Launcher
@@ -268,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     name = args[0]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(threadName)s %(message)s")
-    env = Env()
+    env = wiring.env()
     lock, pidf, _ = paths(env.store.home, name)
     f = open(lock, "a+")
     try:

@@ -17,11 +17,12 @@ JsonOpt = typer.Option(False, "--json", help="Machine-readable JSON on stdout.")
 
 
 def env() -> Env:
-    """The program's environment, imported when a command runs: the CLI itself starts with
-    typer alone, and each command loads only what it uses (docker-py, pydantic... ~0.4 s)."""
-    from ..core.context import Env
+    """The program's environment (orchestrator/wiring.py), imported when a command runs: the
+    CLI itself starts with typer alone, and each command loads only what it uses (docker-py,
+    pydantic... ~0.4 s)."""
+    from .. import wiring
 
-    return Env()
+    return wiring.env()
 
 
 def sub_app(help_text: str) -> typer.Typer:

@@ -1,7 +1,8 @@
 """The cluster core: what every operation on a cluster stands on.
 
 - context.py: `Env` (the process-wide handles: provider, store, Slurm client factory,
-  agents) and `Cluster` (one cluster's context), and `parallel`;
+  agents; put together by orchestrator/wiring.py) and `Cluster` (one cluster's
+  context), and `parallel`;
 - launcher.py: a node's container made, started and registered (its GPUs, its gres.conf
   lines, its lifecycle scripts);
 - capacity.py and placement.py: the hosts' pools and which host a new node goes to;

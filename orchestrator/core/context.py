@@ -9,7 +9,7 @@ import secrets
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeVar
@@ -19,7 +19,7 @@ from ..docker.provider import Provider
 from ..docker.views import Container
 from ..errors import TRANSIENT, BadInput, NotFound
 from ..naming import container_name
-from ..slurm.client import Slurm, SlurmCli
+from ..slurm.client import Slurm
 from ..slurm.conf import controller_host
 from ..spec.catalogue import InstanceType, load_catalogue
 from ..spec.model import ClusterSpec, InstanceGroup, validate
@@ -50,25 +50,16 @@ class Agents(Protocol):
 
 @dataclass
 class Env:
-    """Process-wide handles, made once per command and passed down (no globals). The
-    provider, unless given: the local engine, or with registered hosts (`hp hosts add`)
-    a MultiHostProvider over them (hosts/registry.py)."""
+    """Process-wide handles, made once per process and passed down (no globals): a plain
+    holder of its parts. Which parts hp runs with (the provider, the Slurm client, the
+    store, the agents) is decided in one place, orchestrator/wiring.py; unit tests give
+    fakes."""
 
-    provider: Provider = None  # type: ignore[assignment]
-    store: Store = field(default_factory=Store)
-    slurm_factory: Callable[[Provider, str], Slurm] = SlurmCli
-    agents: Agents = None  # type: ignore[assignment]  # default: real agent processes of `store`
+    provider: Provider
+    store: Store
+    slurm_factory: Callable[[Provider, str], Slurm]
+    agents: Agents
     catalogue_file: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.provider is None:
-            from ..hosts.registry import provider_for
-
-            self.provider = provider_for(self.store)
-        if self.agents is None:
-            from .agents import AgentProcesses
-
-            self.agents = AgentProcesses(self.store)
 
     @cached_property
     def catalogue(self) -> dict[str, InstanceType]:

@@ -20,9 +20,9 @@ from conftest import small_spec, write_spec
 
 
 def host_gpus():
-    from orchestrator.core.context import Env
+    from orchestrator import wiring
 
-    return Env().gpus(refresh=True)
+    return wiring.env().gpus(refresh=True)
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +76,7 @@ def test_slurm_side_of_a_gpu_node_with_a_stand_in_device(docker_ok, tmp_path, mo
     from orchestrator.gpu import gresconf, inventory
     from orchestrator.gpu.discovery import GpuRecord
     from orchestrator.gpu.wiring import GpuWiring
+    from orchestrator.slurm.client import SlurmCli
     from orchestrator.slurm.model import parse_nodes
     from orchestrator.spec.model import validate
     from orchestrator.state.store import Store
@@ -106,7 +107,7 @@ def test_slurm_side_of_a_gpu_node_with_a_stand_in_device(docker_ok, tmp_path, mo
     types.write_text("gi.gpu: {VCpus: 1, CpuLimit: 0.1, MemoryMiB: 256, Gpus: 1, GpuModel: h200}\n")
     monkeypatch.setenv("HP_INSTANCE_TYPES", str(types))
     name = f"gi-gres-{os.urandom(3).hex()}"
-    env = Env(provider=DockerEngine(), store=Store(tmp_path / "home"), agents=FakeAgents())
+    env = Env(provider=DockerEngine(), store=Store(tmp_path / "home"), slurm_factory=SlurmCli, agents=FakeAgents())
     doc = small_spec(name, [("gpu", "gi.gpu", 1)], login=False)
     doc["InstanceGroups"][0]["InstanceType"] = "cpu.nano"
     try:

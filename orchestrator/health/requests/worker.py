@@ -6,7 +6,8 @@ from __future__ import annotations
 import sys
 import traceback
 
-from ...core.context import Cluster, Env
+from ... import wiring
+from ...core.context import Cluster
 from ..tools import options as option_rules
 from ..tools.stress import StressOptions
 from .records import Records
@@ -25,7 +26,7 @@ def options(o: dict) -> Options:
 
 
 def main(name: str, rid: str) -> int:
-    env = Env()
+    env = wiring.env()
     req = Records(env.store).request(rid)
     if req is None:
         print(f"no health check {rid}", file=sys.stderr)
