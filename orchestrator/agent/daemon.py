@@ -32,14 +32,22 @@ import time
 from typing import Any
 
 from .. import wiring
+from ..cluster.create import has_gpus
 from ..core.agents import DEAD_STATUSES, paths
 from ..core.context import Cluster, Env
 from ..core.launcher import Launcher
 from ..errors import TRANSIENT, EngineError, EngineUnavailable, bug_signature, guarded, report_bug
+from ..health.requests.onstart import ClusterBusy, check_new_nodes
+from ..health.requests.records import Records
+from ..hosts.hostwatch import HostWatch
 from ..naming import SERVICE_HOSTS, group_prefix
+from ..recovery.watcher import RecoveryWatcher
+from ..services.endpoints import Endpoints
+from ..services.servicewatch import ServiceWatch
 from ..slurm.model import SlurmNode
 from ..spec.model import InstanceGroup
 from ..state.phases import Phase
+from .gpuwatch import GpuWatch
 from .onstart_queue import OnStartQueue
 from .reconciler import RESYNC, GroupReconciler
 
@@ -85,37 +93,32 @@ class Agent:
                 self.stop.wait(1)
 
     def _recovery(self) -> None:
-        from ..recovery.watcher import RecoveryWatcher
-
         # a bug in the watcher is reported; provisioning goes on without it
         guarded(
             self.env.store, self.name, "the recovery watcher", log, RecoveryWatcher(self.env, self.name).run, self.stop
         )
 
     def _hosts(self) -> None:
-        from ..hosts.hostwatch import HostWatch
-
         # a bug in the host watcher is reported; provisioning and recovery go on without it
         guarded(self.env.store, self.name, "the host watcher", log, HostWatch(self.env, self.name).run, self.stop)
 
     def _cluster_services(self) -> None:
         """Accounting and REST (services/): the watch that keeps them up, and the
         loopback endpoints (metrics, the REST front)."""
-        from ..services.endpoints import Endpoints
-        from ..services.servicewatch import ServiceWatch
-
-        guarded(self.env.store, self.name, "the metrics and REST endpoints", log, Endpoints(self.env, self.name).start)
+        guarded(
+            self.env.store,
+            self.name,
+            "the metrics and REST endpoints",
+            log,
+            Endpoints(self.env, self.name, Records(self.env.store).summary).start,
+        )
         self._services = ServiceWatch(self.env, self.name)
         guarded(self.env.store, self.name, "the services watch", log, self._services.run, self.stop)
 
     def _gpu_watch(self) -> None:
-        from .gpuwatch import GpuWatch
-
         guarded(self.env.store, self.name, "the GPU monitors", log, GpuWatch(self.env, self.name).run, self.stop)
 
     def _onstart_queue(self) -> OnStartQueue:
-        from ..health.requests.onstart import ClusterBusy, check_new_nodes
-
         cluster = Cluster(self.env, self.name)
 
         def on_error(batch: list[str], e: BaseException) -> None:
@@ -141,7 +144,6 @@ class Agent:
         if env.multihost:  # hosts lost and back (hosts/hostwatch.py)
             threading.Thread(target=self._hosts, daemon=True, name="hosts").start()
         threading.Thread(target=self._cluster_services, daemon=True, name="services").start()
-        from ..cluster.create import has_gpus
 
         if has_gpus(cluster.spec, env.catalogue):  # passive GPU monitoring (agent/gpuwatch.py)
             threading.Thread(target=self._gpu_watch, daemon=True, name="gpu-monitors").start()

@@ -14,7 +14,9 @@ from typing import Any
 from ..core.context import Cluster, Env
 from ..docker.views import Container
 from ..errors import NotFound
+from ..health.requests.records import Records
 from ..naming import SERVICE_HOSTS
+from ..services.accounting import secret_files
 from ..slurm.conf import render
 from ..state.phases import Phase
 
@@ -72,7 +74,6 @@ def export_logs(env: Env, name: str, directory: Path, log: Log = lambda s: None)
     cluster = Cluster(env, name)
     key_path = env.store.home / "clusters" / name / "slurm.key"
     secret = key_path.read_bytes() if key_path.is_file() else None
-    from ..services.accounting import secret_files
 
     w = LogWriter(directory, secret, secret_files(env.store.home, name))
     directory.mkdir(parents=True, exist_ok=True)
@@ -167,8 +168,6 @@ def _slurm_conf(cluster: Cluster, ctl: Container | None) -> bytes:
 
 def _health_results(env: Env, name: str) -> list[dict[str, Any]]:
     """The deep health checks hp recorded for the cluster: requests and per-node results."""
-    from ..health.requests.records import Records
-
     rec = Records(env.store)
     return [
         {

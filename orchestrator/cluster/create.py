@@ -24,11 +24,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ..core import capacity
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+from ..core import capacity, placement
 from ..core.across_hosts import ensure_fileserver, host_problems, placement_problems, prove_traffic
 from ..core.context import Cluster, Env, parallel
 from ..core.launcher import Launcher
+from ..docker.images import CHECK_IMAGES, GPU_IMAGES, MULTIHOST_IMAGES, NODE_IMAGES, SERVICE_IMAGES
 from ..errors import BadInput, HpError, LaunchError, OperationFailed, WaitTimeout
+from ..health.requests.gpu_check import thresholds_checked
 from ..naming import container_name, database_volume, labels, network_name, node_name, shared_volume, state_volume
 from ..services.accounting import CreateServices, controller_files, forget_secrets
 from ..slurm.conf import render
@@ -96,8 +100,6 @@ def image_defs(spec: ClusterSpec, catalogue: dict | None = None, multihost: bool
     GPU check image (checks and the passive GPU monitor) when a group has GPUs; the service
     images (Accounting, Rest); with registered hosts, the /home-mounting node image and
     the file server."""
-    from ..docker.images import CHECK_IMAGES, GPU_IMAGES, MULTIHOST_IMAGES, NODE_IMAGES, SERVICE_IMAGES
-
     services = {"accounting": spec.accounting, "database": spec.accounting, "rest": spec.rest}
     defs = NODE_IMAGES + tuple(d for d in SERVICE_IMAGES if services[d.name])
     defs += MULTIHOST_IMAGES if multihost else ()
@@ -111,8 +113,6 @@ def capacity_problems(
     """Instance types the spec asks more of than the hosts could ever run (each host's
     whole pool, every other node gone; a node fits on one host, and a type's pool is
     the sum over the hosts its groups may use): refused before anything is made."""
-    from ..core import placement
-
     assert env is not None or pool is not None
     per_host = {"": pool} if pool is not None else capacity.pools(env.provider, env.store)[0]  # type: ignore[union-attr]
     catalogue = catalogue or env.catalogue  # type: ignore[union-attr]
@@ -150,8 +150,6 @@ def create(env: Env, spec: ClusterSpec, opts: CreateOptions, progress: Progress 
     if problems := problems or capacity_problems(env, spec):
         raise BadInput(problems, "cannot create")
     if has_gpus(spec, env.catalogue):
-        from ..health.requests.gpu_check import thresholds_checked
-
         thresholds_checked()  # a bad thresholds file is bad input: refused before anything is made
     if env.multihost:  # a host that cannot run the nodes is refused before any image is built
         progress.stage("hosts", "probing what nodes need on every host")
@@ -387,8 +385,6 @@ def _start_controller(
 def _retry_controller(cluster: Cluster, launcher: Launcher, conf: bytes, deadline: float, first: LaunchError) -> str:
     """Continuous mode: a controller that failed for a retryable reason (its container
     exited, slurmctld did not answer) is made again, with backoff, a few times."""
-    from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
-
     env, name, host = cluster.env, cluster.name, cluster.controller_host
     group = cluster.spec.controller.InstanceGroupName
     env.store.event(name, "Instance", "Error", f"Controller {host} failed, retrying: {first}", group, node=host)

@@ -7,6 +7,8 @@ from typing import Any
 
 from ..core.context import Cluster, Env
 from ..errors import EngineUnavailable, OperationFailed
+from ..services.accounting import health
+from ..services.endpoints import url
 from ..slurm.model import SlurmNode
 from ..state.status import NodeView, group_views, node_views
 from ..state.store import iso
@@ -95,9 +97,6 @@ def unreachable_view(env: Env) -> dict[str, Any]:
 def services_view(cluster: Cluster) -> dict[str, Any]:
     """The cluster services: Accounting and Rest as set, slurmdbd's health
     (SlurmHealthMetadata) and the agent's loopback endpoints."""
-    from ..services.accounting import health
-    from ..services.endpoints import url
-
     spec, store = cluster.spec, cluster.store
     rest = url(store, cluster.name, "rest") if spec.rest else None
     return {

@@ -14,17 +14,14 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
+from ..docker.images import MULTIHOST_IMAGES
 from ..docker.views import ContainerSpec
 from ..errors import EngineError, EngineUnavailable, OperationFailed
 from ..naming import L_HOST, fileserver_name, labels, network_name, shared_volume
 from ..spec.model import ClusterSpec
 from . import hostprobe
-from .context import Cluster, parallel
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .context import Env
+from .context import Cluster, Env, parallel
 
 log = logging.getLogger("hp")
 
@@ -126,8 +123,6 @@ def ensure_fileserver(cluster: Cluster, image: str | None = None) -> str | None:
             p.start(here.id)
         return here.id
     if image is None:
-        from ..docker.images import MULTIHOST_IMAGES
-
         image = cluster.env.images.refs(MULTIHOST_IMAGES)["fileserver"]
     try:
         cid = p.create_container(fileserver_spec(cluster, image, host))

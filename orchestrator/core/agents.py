@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ..state.store import Store
+from ..state.store import Store, hp_home
 
 DEAD_STATUSES = ("Deleting", "Failed", "RollingBack")
 
@@ -36,8 +36,6 @@ class AgentProcesses:
         self._store = store
 
     def _home(self) -> Path:
-        from ..state.store import hp_home
-
         return self._store.home if self._store is not None else hp_home()
 
     @contextmanager

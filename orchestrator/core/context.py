@@ -12,21 +12,19 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
-from ..docker.images import Images
+from ..docker.images import MULTIHOST_IMAGES, NODE_IMAGES, Images
 from ..docker.provider import Provider
 from ..docker.views import Container
 from ..errors import TRANSIENT, BadInput, NotFound
+from ..gpu.inventory import HostGpuInfo, discover
 from ..naming import container_name
 from ..slurm.client import Slurm
 from ..slurm.conf import controller_host
 from ..spec.catalogue import InstanceType, load_catalogue
 from ..spec.model import ClusterSpec, InstanceGroup, validate
 from ..state.store import Latest, Store
-
-if TYPE_CHECKING:  # pragma: no cover
-    from ..gpu.inventory import HostGpuInfo
 
 log = logging.getLogger("hp")
 T = TypeVar("T")
@@ -85,15 +83,11 @@ class Env:
     def node_image_defs(self) -> tuple:
         """The images nodes run: with hosts, the login and worker images that mount /home
         from the cluster's file server, and that server."""
-        from ..docker.images import MULTIHOST_IMAGES, NODE_IMAGES
-
         return NODE_IMAGES + (MULTIHOST_IMAGES if self.multihost else ())
 
     def gpus(self, refresh: bool = False, host: str = "") -> HostGpuInfo:
         """A Docker host's GPUs (gpu/inventory.py: discovery cached in the store, or HP_GPUS):
         the one engine's, or a registered host's (the first one when `host` is "")."""
-        from ..gpu.inventory import discover
-
         engines = self.provider.engines()
         engine = engines.get(host) or next(iter(engines.values()))
         return discover(engine, self.store, refresh=refresh)

@@ -42,10 +42,11 @@ from typing import Any
 from ..core.across_hosts import controller_host_of, ensure_fileserver
 from ..core.context import Cluster, Env
 from ..errors import TRANSIENT, EngineError, EngineUnavailable, report_bug
-from ..naming import node_id
+from ..naming import group_prefix, node_id
+from ..recovery import actions
 from ..state.phases import Phase, allowed
 from ..state.store import iso
-from .registry import record_lost
+from .registry import _manager, record_lost
 
 log = logging.getLogger("hp.hosts")
 
@@ -63,8 +64,6 @@ Replace = Callable[[Cluster, str, str, float], bool]
 
 
 def _replace(cluster: Cluster, node: str, why: str, wait: float) -> bool:
-    from ..recovery import actions
-
     return actions.replace(cluster, node, why, wait)
 
 
@@ -149,8 +148,6 @@ class HostWatch:
     def _swarm_states(self) -> dict[str, str]:
         """Hosts whose swarm node a manager sees Down (their engine may still answer):
         fenced in the registry (no node is placed there) until Ready again."""
-        from .registry import _manager
-
         store = self.env.store
         try:
             _, mgr, _ = _manager(store)
@@ -310,7 +307,5 @@ class HostWatch:
 
 
 def _group_of(c: Cluster, node: str) -> str:
-    from ..naming import group_prefix
-
     prefix = group_prefix(node)
     return next((g.InstanceGroupName for g in c.spec.InstanceGroups if g.InstanceGroupName.lower() == prefix), "")

@@ -25,6 +25,7 @@ import ipaddress
 import logging
 import os
 import socket
+import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +33,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from ..core import hostprobe
+from ..core.context import Cluster, Env, parallel
 from ..docker import engine as engine_mod
 from ..docker.engine import DockerEngine
 from ..docker.images import Images
@@ -39,9 +41,12 @@ from ..docker.multihost import PING_TIMEOUT_S, MultiHostProvider
 from ..docker.provider import Provider
 from ..docker.views import NODE_ROLES, EngineInfo
 from ..errors import BadInput, EngineError, EngineUnavailable, NotFound, OperationFailed
-from ..naming import L_CLUSTER
+from ..gpu.inventory import KEY as GPU_KEY
+from ..gpu.inventory import HostGpuInfo
+from ..naming import L_CLUSTER, node_name
+from ..recovery import actions
 from ..spec.model import name_problem
-from ..state.store import HostRow, Store, iso
+from ..state.store import HostRow, Store, hp_home, iso
 
 log = logging.getLogger("hp.hosts")
 Log = Callable[[str], None]
@@ -114,9 +119,6 @@ def record_lost(store: Store, host: str, why: str | None, since: float = 0.0, no
 
 def hosts_registered(home: Path | None = None) -> bool:
     """Are hosts registered? Read without making hp's state (a dry run makes none)."""
-    import sqlite3
-
-    from ..state.store import hp_home
 
     db = (home or hp_home()) / "hp.db"
     if not db.exists():
@@ -363,9 +365,6 @@ def rebalance(store: Store, log: Log = lambda s: None) -> None:
 def listing(store: Store) -> dict[str, Any]:
     """Every registered host now: engine, size, GPUs, swarm role and state, reachability,
     the nodes placed there."""
-    from ..gpu.inventory import KEY as GPU_KEY
-    from ..gpu.inventory import HostGpuInfo
-
     rows = store.hosts()
     swarm: dict[str, dict[str, str]] = {}
     try:
@@ -459,21 +458,16 @@ def nodes_on(store: Store, host: str, engine: DockerEngine | None) -> dict[str, 
 
 
 def _controller_of(spec: dict[str, Any]) -> str:
-    from ..naming import node_name
-
     for g in spec.get("InstanceGroups") or []:
         if (g.get("SlurmConfig") or {}).get("NodeType") == "Controller":
             return node_name(str(g.get("InstanceGroupName", "")), 1)
     return ""
 
 
-def remove(env: Any, name: str, drain: bool = False, log: Log = lambda s: None) -> dict[str, Any]:
+def remove(env: Env, name: str, drain: bool = False, log: Log = lambda s: None) -> dict[str, Any]:
     """Unregister a host: refused while a controller lives there (exit 2), or nodes do
     (exit 2) unless `drain`, which replaces them on other hosts first (same Slurm names).
     Then the host leaves the swarm hp made (demoted first when it was a manager)."""
-    from ..core.context import Cluster, parallel
-    from ..recovery import actions
-
     store: Store = env.store
     row = next((r for r in store.hosts() if r.name == name), None)
     if row is None:

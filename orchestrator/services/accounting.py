@@ -34,11 +34,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from string import Template
 
+from ..core.across_hosts import controller_host_of
 from ..core.context import SLURM_UID, Cluster
+from ..docker.images import SERVICE_IMAGES
 from ..docker.views import Container, ContainerSpec
 from ..errors import EngineError, OperationFailed
-from ..naming import SERVICE_HOSTS, database_volume, labels, network_name, service_container
-from ..slurm.conf import SERVICES, slurmdbd_conf
+from ..naming import L_HOST, SERVICE_HOSTS, database_volume, labels, network_name, service_container
+from ..slurm.conf import SERVICES, render, slurmdbd_conf
 
 log = logging.getLogger("hp")
 
@@ -132,9 +134,6 @@ def container_spec(cluster: Cluster, role: str, image: str) -> ContainerSpec:
     if role == "database":
         spec.volumes = {database_volume(cluster.name): "/var/lib/mysql"}
     if cluster.multihost:  # registered hosts: on the controller's host
-        from ..core.across_hosts import controller_host_of
-        from ..naming import L_HOST
-
         spec.host = controller_host_of(cluster)
         spec.labels[L_HOST] = spec.host
         if role == "database":
@@ -338,8 +337,6 @@ def _image(cluster: Cluster, role: str) -> str:
 
 
 def _service_defs() -> tuple:
-    from ..docker.images import SERVICE_IMAGES
-
     return SERVICE_IMAGES
 
 
@@ -356,8 +353,6 @@ def _bring_back(cluster: Cluster, role: str, c: Container | None, deadline: floa
             got = p.get_dir(ctl.id, "/etc/slurm/slurm.conf") if ctl else {}
             conf = next(iter(got.values()), None)
             if conf is None:
-                from ..slurm.conf import render
-
                 conf = render(cluster.spec, cluster.env.catalogue).encode()
         cid, what = create(cluster, role, _image(cluster, role), conf), "re-created"
         before = 0

@@ -16,6 +16,7 @@ from ..naming import network_name, service_container
 from ..state.store import Store
 from .accounting import REST_PORT, jwt_key
 from .front import UPSTREAM_TIMEOUT, Front
+from .metrics import HealthResults, registry
 
 log = logging.getLogger("hp.agent")
 
@@ -77,9 +78,10 @@ REST_RELAY = [
 class Endpoints:
     """Started by the agent: the servers, on daemon threads."""
 
-    def __init__(self, env: Env, name: str):
+    def __init__(self, env: Env, name: str, health_results: HealthResults):
         self.env = env
         self.name = name
+        self.health_results = health_results
         self.cluster = Cluster(env, name)
         self.servers: list[Any] = []
         self._upstream: tuple[str, int] | None = None
@@ -99,9 +101,7 @@ class Endpoints:
     def start(self) -> None:
         from prometheus_client import start_http_server
 
-        from .metrics import registry
-
-        reg = registry(self.cluster)
+        reg = registry(self.cluster, self.health_results)
         self._bind("metrics", lambda port: start_http_server(port, addr="127.0.0.1", registry=reg)[0])
         if self.cluster.spec.rest:
             tunnel = self.tunnel if self.cluster.multihost else None

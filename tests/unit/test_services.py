@@ -22,6 +22,7 @@ from orchestrator.cluster.query import describe
 from orchestrator.core.context import Cluster
 from orchestrator.docker.views import ExecResult
 from orchestrator.errors import BadInput, EngineError, OperationFailed
+from orchestrator.health.requests.records import Records
 from orchestrator.recovery import actions
 from orchestrator.services import accounting, jwt
 from orchestrator.services.endpoints import REST_RELAY
@@ -397,7 +398,10 @@ def test_metrics_families_parse_and_count(tmp_path):
     w.slurm.job_states_ = {("RUNNING", "cpu"): 2, ("PENDING", "dev"): 1}
     w.env.store.set_phase("lab", "cpu-2", "Rebooting", "x")
     w.env.store.set_phase("lab", "cpu-2", "Running")
-    fams = {f.name: f for f in text_string_to_metric_families(generate_latest(registry(c)).decode())}
+    fams = {
+        f.name: f
+        for f in text_string_to_metric_families(generate_latest(registry(c, Records(c.store).summary)).decode())
+    }
     assert {
         "slurm_controller_up",
         "slurm_nodes",
@@ -429,7 +433,10 @@ def test_metrics_families_parse_and_count(tmp_path):
     assert samples("hp_accounting_healthy") == {(("reason", ""),): 1}
     w.slurm.up = False  # Slurm does not answer: said so, hp's own still served
     c2 = Cluster(w.env, "lab")
-    fams = {f.name: f for f in text_string_to_metric_families(generate_latest(registry(c2)).decode())}
+    fams = {
+        f.name: f
+        for f in text_string_to_metric_families(generate_latest(registry(c2, Records(c2.store).summary)).decode())
+    }
     assert fams["slurm_controller_up"].samples[0].value == 0 and fams["hp_nodes"].samples
 
 
@@ -502,7 +509,7 @@ def test_endpoints_serve_on_recorded_ports_and_survive_a_restart(tmp_path, monke
 
     w = world(tmp_path)
     c = make(w, Rest={"Enabled": True})
-    ep = Endpoints(w.env, "lab")
+    ep = Endpoints(w.env, "lab", Records(w.env.store).summary)
     ep.start()
     try:
         murl, rurl = wait_url(w.env.store, "lab", "metrics"), wait_url(w.env.store, "lab", "rest")
@@ -537,7 +544,7 @@ def test_endpoints_serve_on_recorded_ports_and_survive_a_restart(tmp_path, monke
         assert e.value.code == 0 and json.loads(capsys.readouterr().out) == {"ClusterName": "lab", "Url": murl}
     finally:
         ep.close()
-    ep = Endpoints(w.env, "lab")  # the agent again: the same URLs
+    ep = Endpoints(w.env, "lab", Records(w.env.store).summary)  # the agent again: the same URLs
     ep.start()
     ep.close()
     assert (url(w.env.store, "lab", "metrics"), url(w.env.store, "lab", "rest")) == (murl, rurl)
@@ -547,7 +554,7 @@ def test_endpoints_serve_on_recorded_ports_and_survive_a_restart(tmp_path, monke
     blocker.bind(("127.0.0.1", int(murl.split(":")[2].split("/")[0])))
     blocker.listen()
     try:
-        ep = Endpoints(w.env, "lab")
+        ep = Endpoints(w.env, "lab", Records(w.env.store).summary)
         ep.start()
         ep.close()
         assert url(w.env.store, "lab", "metrics") != murl

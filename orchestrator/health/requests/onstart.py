@@ -24,6 +24,7 @@ from ...naming import group_prefix
 from .decisions import Outcome
 from .records import Records
 from .runner import Options, run_and_record
+from .service import reap_dead
 
 
 class ClusterBusy(OperationFailed):
@@ -58,8 +59,6 @@ def check_new_nodes(cluster: Cluster, nodes: list[str], opts: Options | None = N
     rec = Records(cluster.store)
     verdicts: dict[str, Outcome] = {}
     for group, checks, ns, peers in plan(cluster, nodes):
-        from .service import reap_dead
-
         if (act := rec.active(cluster.name)) is not None:
             reap_dead(cluster.env, rec, act)
         rid = rec.new_request(cluster.name, checks, [group], ns, {"on_start": True})

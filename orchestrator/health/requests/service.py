@@ -18,7 +18,9 @@ from ...state.store import iso
 from ..tools import options as option_rules
 from . import sidecar
 from .decisions import CHECKS, validate_checks
+from .gpu_check import thresholds_checked
 from .records import Records, Request, output_dir
+from .runner import hand_back
 
 
 def option_problems(opts: dict[str, Any]) -> list[str]:
@@ -78,8 +80,6 @@ def start(
         if problems := option_rules.problems(options, node_memory_mib=mem, host_memory_mib=host):
             raise BadInput(problems, "invalid health-check request")
     if "InstanceStress" in checks and any(env.catalogue[g.InstanceType].gpus for g in map(cluster.group_of, gs)):
-        from .gpu_check import thresholds_checked
-
         thresholds_checked()  # GPU nodes are judged against it: a bad file is bad input, now
     rec = Records(env.store)
     if (act := rec.active(name)) is not None:
@@ -134,7 +134,6 @@ def reap_dead(env: Env, rec: Records, r: Request) -> Request:
     nodes it held are handed back (as run_and_record would have)."""
     if r.state in ("Pending", "Running") and r.pid and not alive(r.pid):
         rec.set_state(r.id, "Failed", "the health-check worker process died", ended=True)
-        from .runner import hand_back
 
         try:
             hand_back(Cluster(env, r.cluster), r.id, r.nodes, bool(r.options.get("on_start")))
