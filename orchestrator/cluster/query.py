@@ -45,7 +45,7 @@ def observe(cluster: Cluster) -> tuple[list[NodeView], bool]:
     placed = cluster.placements()  # before the phases: see Cluster.lost_nodes
     recorded = cluster.store.latest_phases(cluster.name)
     containers = cluster.node_containers()
-    ctl = containers.get(cluster.controller_host)
+    ctl = containers.get(cluster.controller_node)
     snodes: dict[str, SlurmNode] = {}
     up = False
     if ctl is not None and ctl.running:
@@ -81,7 +81,7 @@ def describe(env: Env, name: str) -> dict[str, Any]:
         "NodeRecovery": spec.NodeRecovery,
         "NodeProvisioningMode": spec.NodeProvisioningMode or "AllOrNothing",
         "ControllerReachable": up,
-        "SlurmControllerHost": cluster.controller_host,
+        "SlurmControllerHost": cluster.controller_node,
         "InstanceGroups": group_views(spec, nodes, active_ops(env, name)),
         **services_view(cluster),
         **unreachable_view(env),

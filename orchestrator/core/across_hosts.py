@@ -99,7 +99,7 @@ def fileserver_spec(cluster: Cluster, image: str, host: str) -> ContainerSpec:
 
 def controller_host_of(cluster: Cluster) -> str:
     """The host the controller was placed on (else the first registered host)."""
-    placed = cluster.placements().get(cluster.controller_host)
+    placed = cluster.placements().get(cluster.controller_node)
     return placed or next(iter(cluster.p.engines()))
 
 

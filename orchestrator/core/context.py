@@ -21,7 +21,7 @@ from ..errors import TRANSIENT, BadInput, NotFound
 from ..gpu.inventory import HostGpuInfo, discover
 from ..naming import container_name
 from ..slurm.client import Slurm
-from ..slurm.conf import controller_host
+from ..slurm.conf import controller_node
 from ..spec.catalogue import InstanceType, load_catalogue
 from ..spec.model import ClusterSpec, InstanceGroup, validate
 from ..state.store import Latest, Store
@@ -134,12 +134,18 @@ class Cluster:
         return self.spec
 
     @property
+    def controller_node(self) -> str:
+        """The controller's Slurm node name (a "host" in hp is a Docker host only)."""
+        return controller_node(self.spec)
+
+    @property
     def controller_host(self) -> str:
-        return controller_host(self.spec)
+        """controller_node's old name, still read by cluster/create.py and core/launcher.py."""
+        return self.controller_node
 
     @property
     def controller_container(self) -> str:
-        return container_name(self.name, self.controller_host)
+        return container_name(self.name, self.controller_node)
 
     @cached_property
     def slurm(self) -> Slurm:

@@ -178,7 +178,7 @@ class HostWatch:
             return
         log.warning("host %s lost (%s): nodes %s", host, why, ", ".join(ours))
         at = iso(since)
-        if c.controller_host in ours:
+        if c.controller_node in ours:
             msg = (
                 f"{CONTROLLER_LOST} {host} does not answer ({why}) since {at}: Slurm is down until it returns; "
                 "the cluster comes back with its state then (one controller per cluster, as in HyperPod)"

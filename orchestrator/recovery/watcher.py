@@ -107,7 +107,7 @@ class RecoveryWatcher:
             return True
         at = time.time()
         containers = self.cluster.node_containers()
-        ctl = containers.get(self.cluster.controller_host)
+        ctl = containers.get(self.cluster.controller_node)
         snodes: dict[str, SlurmNode] = {}
         answered = False
         if ctl is not None and ctl.running:

@@ -126,7 +126,7 @@ def container_spec(cluster: Cluster, role: str, image: str) -> ContainerSpec:
         hostname=SERVICE_HOSTS[role],
         labels=labels(cluster.name, role),
         network=network_name(cluster.name),
-        environment={"HP_CLUSTER": cluster.name, "HP_CONTROLLER": cluster.controller_host},
+        environment={"HP_CLUSTER": cluster.name, "HP_CONTROLLER": cluster.controller_node},
         cpu_limit=cpus,
         memory_bytes=mib * 2**20,
         restart_policy=RESTART_POLICY,
@@ -349,7 +349,7 @@ def _bring_back(cluster: Cluster, role: str, c: Container | None, deadline: floa
     if c is None:
         conf = None
         if role == "rest":
-            ctl = cluster.node_containers().get(cluster.controller_host)
+            ctl = cluster.node_containers().get(cluster.controller_node)
             got = p.get_dir(ctl.id, "/etc/slurm/slurm.conf") if ctl else {}
             conf = next(iter(got.values()), None)
             if conf is None:

@@ -15,7 +15,7 @@ SERVICES = Path(__file__).resolve().parent.parent / "data" / "services"
 SLURMD_TIMEOUT = 30  # hp watches Docker events itself; Slurm's own detection is a backstop
 
 
-def controller_host(spec: ClusterSpec) -> str:
+def controller_node(spec: ClusterSpec) -> str:
     return node_name(spec.controller.InstanceGroupName, 1)
 
 
@@ -44,7 +44,7 @@ def render(spec: ClusterSpec, catalogue: dict[str, InstanceType]) -> str:
     gpu = any(catalogue[g.InstanceType].gpus for g in spec.compute if g.InstanceType in catalogue)
     return tmpl.substitute(
         cluster=spec.ClusterName,
-        controller=controller_host(spec),
+        controller=controller_node(spec),
         max_nodes=spec.max_nodes,
         slurmd_timeout=SLURMD_TIMEOUT,
         gres_types="GresTypes=gpu" if gpu else "",
