@@ -153,7 +153,7 @@ class GpuVerdict:
     notes: list[str] = field(default_factory=list)
 
     def verdict(self) -> Verdict:
-        """The health package's common Verdict (passed, reasons, figures)."""
+        """The common Verdict of every check tool (orchestrator/verdict.py)."""
         return Verdict(self.passed, list(self.reasons), dict(self.figures))
 
     def by_code(self, code: str) -> list[Finding]:
