@@ -143,11 +143,11 @@ def process_cpu_seconds(pid: int) -> float:
 
 def gpu_section(idle_seconds: float = 60.0) -> None:
     """Only where GPUs are found (see the module's docstring)."""
-    from orchestrator import wiring
+    from orchestrator import assembly
     from orchestrator.state.store import Store
 
     with tempfile.TemporaryDirectory(prefix="hcb-gpu-") as home:
-        gpus = wiring.env(Store(Path(home))).gpus(refresh=True)
+        gpus = assembly.env(Store(Path(home))).gpus(refresh=True)
         if not gpus.gpus:
             print(f"GPU section: skipped: no GPU found on the Docker host ({gpus.why})")
             return

@@ -31,7 +31,7 @@ import threading
 import time
 from typing import Any
 
-from .. import wiring
+from .. import assembly
 from ..cluster.create import has_gpus
 from ..core.agents import DEAD_STATUSES, paths
 from ..core.context import Cluster, Env
@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     name = args[0]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(threadName)s %(message)s")
-    env = wiring.env()
+    env = assembly.env()
     lock, pidf, _ = paths(env.store.home, name)
     f = open(lock, "a+")
     try:

@@ -17,12 +17,12 @@ JsonOpt = typer.Option(False, "--json", help="Machine-readable JSON on stdout.")
 
 
 def env() -> Env:
-    """The program's environment (orchestrator/wiring.py), imported when a command runs: the
+    """The program's environment (orchestrator/assembly.py), imported when a command runs: the
     CLI itself starts with typer alone, and each command loads only what it uses (docker-py,
     pydantic... ~0.4 s)."""
-    from .. import wiring
+    from .. import assembly
 
-    return wiring.env()
+    return assembly.env()
 
 
 def sub_app(help_text: str) -> typer.Typer:

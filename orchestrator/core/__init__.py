@@ -1,7 +1,7 @@
 """The cluster core: what every operation on a cluster stands on.
 
 - context.py: `Env` (the process-wide handles: provider, store, Slurm client factory,
-  agents; put together by orchestrator/wiring.py) and `Cluster` (one cluster's
+  agents; put together by orchestrator/assembly.py) and `Cluster` (one cluster's
   context), and `parallel`;
 - launcher.py: a node's container made, started and registered (its GPUs, its gres.conf
   lines, its lifecycle scripts);

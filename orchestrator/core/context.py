@@ -50,7 +50,7 @@ class Agents(Protocol):
 class Env:
     """Process-wide handles, made once per process and passed down (no globals): a plain
     holder of its parts. Which parts hp runs with (the provider, the Slurm client, the
-    store, the agents) is decided in one place, orchestrator/wiring.py; unit tests give
+    store, the agents) is decided in one place, orchestrator/assembly.py; unit tests give
     fakes."""
 
     provider: Provider

@@ -20,9 +20,9 @@ from conftest import small_spec, write_spec
 
 
 def host_gpus():
-    from orchestrator import wiring
+    from orchestrator import assembly
 
-    return wiring.env().gpus(refresh=True)
+    return assembly.env().gpus(refresh=True)
 
 
 @pytest.fixture(scope="module")

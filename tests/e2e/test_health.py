@@ -312,7 +312,7 @@ def test_stress_check_on_a_cgroup_holding_page_cache_passes_a_healthy_node(hp, t
     cache in its 256 MiB cgroup; the memory stressor is sized from what the cgroup really
     has (the largest size hp takes on such a node, 192M, is cut), and the node passes.
     A run the kernel still kills is no verdict (unit tests, on a real run's output)."""
-    from orchestrator import wiring
+    from orchestrator import assembly
     from orchestrator.core.context import Cluster
     from orchestrator.health.requests import sidecar
     from orchestrator.health.requests.runner import Engine, Options
@@ -320,7 +320,7 @@ def test_stress_check_on_a_cgroup_holding_page_cache_passes_a_healthy_node(hp, t
 
     name = create(hp, tmp_path, [("cpu", "cpu.nano", 1)], Accounting={"Enabled": False})
     monkeypatch.setenv("HP_HOME", str(hp.home))
-    c = Cluster(wiring.env(), name)
+    c = Cluster(assembly.env(), name)
     node = c.node_containers()["cpu-1"]
     itype = c.env.catalogue[node.itype]
     results = {}

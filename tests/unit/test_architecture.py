@@ -31,7 +31,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("gpu",),
     ("core",),
     ("services", "recovery", "hosts"),
-    ("wiring",),
+    ("assembly",),
     ("health",),
     ("cluster",),
     ("agent", "ci"),
@@ -216,6 +216,23 @@ def test_imports_inside_functions_are_the_lazy_ones() -> None:
             continue
         offenders.append(f"{where}:{i.line}: imports {i.target} inside a function")
     assert offenders == []
+
+
+# Basenames found twice, where both name one subject seen from two rooms.
+SAME_NAME = {
+    "images.py": "docker/: image builds; cli/: the `hp images` commands over them",
+    "lifecycle.py": "spec/: LifeCycleConfig's rules; core/: its scripts put on a node",
+    "model.py": "slurm/: the model of Slurm's answers; spec/: the model of the cluster spec",
+}
+
+
+def test_a_basename_names_one_role() -> None:
+    """No module name twice for two roles (onstart.py, multihost.py, watch.py were)."""
+    seen: dict[str, list[str]] = {}
+    for p in modules():
+        if p.name not in ("__init__.py", "__main__.py"):
+            seen.setdefault(p.name, []).append(rel(p))
+    assert {n: ps for n, ps in seen.items() if len(ps) > 1 and n not in SAME_NAME} == {}
 
 
 def test_the_floors_are_the_documented_ones() -> None:

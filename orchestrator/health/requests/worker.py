@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 import traceback
 
-from ... import wiring
+from ... import assembly
 from ...core.context import Cluster
 from ..tools import options as option_rules
 from ..tools.stress import StressOptions
@@ -26,7 +26,7 @@ def options(o: dict) -> Options:
 
 
 def main(name: str, rid: str) -> int:
-    env = wiring.env()
+    env = assembly.env()
     req = Records(env.store).request(rid)
     if req is None:
         print(f"no health check {rid}", file=sys.stderr)

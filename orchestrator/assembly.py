@@ -1,4 +1,4 @@
-"""The program's wiring, in one place: the parts hp runs with, put together into an Env
+"""The program's assembly, in one place: the parts hp runs with, put together into an Env
 once per process.
 
 - the container provider: the local Docker engine, or with registered hosts (`hp hosts
