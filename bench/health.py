@@ -31,7 +31,7 @@ from common import bench_env, hp, spec_doc, write_json
 
 from orchestrator.docker.engine import DockerEngine as DockerProvider
 from orchestrator.docker.images import CHECK_IMAGES, Images
-from orchestrator.health.stress import StressOptions, stress_command
+from orchestrator.health.tools.stress import StressOptions, stress_command
 
 SECONDS = 5
 N = 8
@@ -145,11 +145,11 @@ def process_cpu_seconds(pid: int) -> float:
 
 def gpu_section(idle_seconds: float = 60.0) -> bool:
     """Only where GPUs are found (see the module's docstring); False when none was."""
-    from orchestrator.cluster.context import Env
+    from orchestrator import assembly
     from orchestrator.state.store import Store
 
     with tempfile.TemporaryDirectory(prefix="hcb-gpu-") as home:
-        gpus = Env(store=Store(Path(home))).gpus(refresh=True)
+        gpus = assembly.env(Store(Path(home))).gpus(refresh=True)
         if not gpus.gpus:
             print(f"GPU section: skipped: no GPU found on the Docker host ({gpus.why})")
             return False

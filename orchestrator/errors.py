@@ -19,10 +19,22 @@ import hashlib
 import logging
 import traceback
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .state.store import Store
+
+class EventLog(Protocol):
+    """Where a bug is recorded as an `hp events` entry: hp's store (state/store.py)."""
+
+    def event(
+        self,
+        cluster: str,
+        resource_type: str,
+        level: str,
+        description: str,
+        group: str | None = None,
+        node_id: str | None = None,
+        node: str | None = None,
+    ) -> None: ...
 
 
 class HpError(Exception):
@@ -133,7 +145,7 @@ def bug_signature(e: BaseException) -> str:
 
 
 def report_bug(
-    store: Store | None,
+    store: EventLog | None,
     cluster: str | None,
     where: str,
     e: BaseException,
@@ -155,7 +167,7 @@ def report_bug(
 
 
 def guarded(
-    store: Store | None,
+    store: EventLog | None,
     cluster: str | None,
     where: str,
     log: logging.Logger,

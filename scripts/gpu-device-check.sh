@@ -12,11 +12,11 @@
 #  3. starts Debian 12's dockerd from .device/dock.tar.xz (no iptables) and imports a busybox rootfs;
 #  4. hp's discovery, parsing, wiring, on this machine: parse_nvidia_smi_xml, driver_files of the
 #     driver folder, wire("devices", ...); then hp's discovery through hp's own Provider
-#     (gpu/host.py run_discovery: probe container, nvidia-smi container);
+#     (gpu/inventory.py run_discovery: probe container, nvidia-smi container);
 #  5. runs hp_gpu_check.py (this checkout's) in a container wired the no-toolkit way: the GPUs'
 #     device nodes (from wire()) and, read-only, the host's /usr (the driver lives in
 #     /usr/local/nvidia), /lib, /lib64, /opt (the Python), /etc/alternatives;
-#  6. judges it with health/gpu.py and the shipped thresholds, prints the verdict and figures;
+#  6. judges it with gpu/judge.py and the shipped thresholds, prints the verdict and figures;
 #  7. runs hp_gpu_monitor.py in the same way for MONITOR_S seconds and measures its CPU (cgroup).
 # Everything raw goes under $OUT (the device tool brings it back): keep it as tests/fixtures/.
 set -u
@@ -77,12 +77,12 @@ step "4-7. hp's code on this machine"
 import io, json, os, sys, tarfile, time, traceback
 out, repo, py, driver_dir, monitor_s, gemm_s, dry = sys.argv[1:8]
 import docker
-from orchestrator.gpu import host
+from orchestrator.gpu import inventory
 from orchestrator.gpu.discovery import driver_files, parse_nvidia_smi_xml, DiscoveryError
 from orchestrator.gpu.thresholds import load_thresholds
 from orchestrator.gpu.wiring import wire, GpuWiringError
-from orchestrator.health.gpu import judge_gpu_check
-from orchestrator.health.gpumonitor import MonitorState, decide
+from orchestrator.gpu.judge import judge_gpu_check
+from orchestrator.gpu.monitor import MonitorState, decide
 
 c = docker.from_env()
 def save(name, text):
@@ -114,8 +114,8 @@ except (DiscoveryError, GpuWiringError, OSError) as e:
     print("hp parsing/wiring failed:", e)
 try:  # hp's discovery through hp's own Provider (its probe container runs in the busybox rootfs)
     from orchestrator.docker.engine import DockerEngine
-    host.probe_image = lambda p: "hp-device-probe:1"
-    info = host.run_discovery(DockerEngine(), {"HP_NVIDIA_DRIVER_DIR": driver_dir})
+    inventory.probe_image = lambda p: "hp-device-probe:1"
+    info = inventory.run_discovery(DockerEngine(), {"HP_NVIDIA_DRIVER_DIR": driver_dir})
     print("hp run_discovery:", info.summary(), "| why:", info.why, "| mode:", info.mode, "| devices:", info.devices)
     save("hp-discovery.json", info.to_json())
 except Exception:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
-from orchestrator.cluster.context import Env
+from orchestrator.core.context import Env
 from orchestrator.docker.views import (
     Container,
     ContainerDetails,
@@ -426,7 +426,7 @@ class FakeProvider:
 def probe_output(
     devices: tuple[str, ...] = (), ldconfig: str = "", bins: tuple[str, ...] = (), listing: tuple[str, ...] = ()
 ) -> str:
-    """What the GPU probe (orchestrator/gpu/host.py PROBE_SCRIPT) prints on a host with
+    """What the GPU probe (orchestrator/gpu/inventory.py PROBE_SCRIPT) prints on a host with
     these /dev/nvidia* entries, loader-cache lines, binaries and driver-folder files."""
     parts = ["==machine==", "x86_64", "==devices==", *devices, "==ldconfig==", ldconfig, "==bins==", *bins]
     return "\n".join([*parts, "==listing==", *(f"/host{x}" for x in listing), "==end==", ""])

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """hp's GPU check: runs in hp's GPU check image on a node's GPUs and prints ONE JSON
-document on stdout (judged by orchestrator/health/gpu.py, never here).
+document on stdout (judged by orchestrator/gpu/judge.py, never here).
 
 Parts, each {"status": "ok" | "error" | "skipped", "why": ...} plus its data, so a
 part that cannot run says why and the others still run:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """hp's passive GPU monitor: runs long-lived in hp's GPU check image with a node's
 GPUs and prints one JSON line per snapshot or event on stdout (judged by
-orchestrator/health/gpumonitor.py):
+orchestrator/gpu/monitor.py):
 
   {"type": "start", ...}     once: the GPUs watched, whether XID events can be watched
   {"type": "xid", ...}       at once, for every critical XID (NVML event set)

@@ -1,5 +1,5 @@
 """The per-cluster background agent: keeps provisioning (and recovery) going after the
-CLI exits. Run as `python -m orchestrator.agent NAME` (process control: process.py).
+CLI exits. Run as `python -m orchestrator.agent NAME` (process control: core/agents.py).
 
 One process per cluster, started by `hp create` and restarted by any hp command that
 finds it gone. Beside provisioning it runs the recovery watcher, the cluster services'
@@ -31,16 +31,25 @@ import threading
 import time
 from typing import Any
 
-from ..cluster.context import Cluster, Env
-from ..cluster.launcher import Launcher
+from .. import assembly
+from ..cluster.create import has_gpus
+from ..core.agents import DEAD_STATUSES, paths
+from ..core.context import Cluster, Env
+from ..core.launcher import Launcher
 from ..errors import TRANSIENT, EngineError, EngineUnavailable, bug_signature, guarded, report_bug
+from ..health.requests.onstart import ClusterBusy, check_new_nodes
+from ..hosts.hostwatch import HostWatch
 from ..naming import SERVICE_HOSTS, group_prefix
+from ..recovery.watcher import RecoveryWatcher
+from ..services.endpoints import Endpoints
+from ..services.servicewatch import ServiceWatch
 from ..slurm.model import SlurmNode
 from ..spec.model import InstanceGroup
+from ..state.health_requests import Records
 from ..state.phases import Phase
 from ..state.transitions import ClusterStatus
-from .onstart import OnStartQueue
-from .process import DEAD_STATUSES, paths
+from .gpuwatch import GpuWatch
+from .onstart_queue import OnStartQueue
 from .reconciler import RESYNC, GroupReconciler
 
 log = logging.getLogger("hp.agent")
@@ -85,37 +94,32 @@ class Agent:
                 self.stop.wait(1)
 
     def _recovery(self) -> None:
-        from ..recovery.watcher import RecoveryWatcher
-
         # a bug in the watcher is reported; provisioning goes on without it
         guarded(
             self.env.store, self.name, "the recovery watcher", log, RecoveryWatcher(self.env, self.name).run, self.stop
         )
 
     def _hosts(self) -> None:
-        from ..hosts.watch import HostWatch
-
         # a bug in the host watcher is reported; provisioning and recovery go on without it
         guarded(self.env.store, self.name, "the host watcher", log, HostWatch(self.env, self.name).run, self.stop)
 
     def _cluster_services(self) -> None:
         """Accounting and REST (services/): the watch that keeps them up, and the
         loopback endpoints (metrics, the REST front)."""
-        from ..services.endpoints import Endpoints
-        from ..services.watch import ServiceWatch
-
-        guarded(self.env.store, self.name, "the metrics and REST endpoints", log, Endpoints(self.env, self.name).start)
+        guarded(
+            self.env.store,
+            self.name,
+            "the metrics and REST endpoints",
+            log,
+            Endpoints(self.env, self.name, Records(self.env.store).summary).start,
+        )
         self._services = ServiceWatch(self.env, self.name)
         guarded(self.env.store, self.name, "the services watch", log, self._services.run, self.stop)
 
     def _gpu_watch(self) -> None:
-        from .gpuwatch import GpuWatch
-
         guarded(self.env.store, self.name, "the GPU monitors", log, GpuWatch(self.env, self.name).run, self.stop)
 
     def _onstart_queue(self) -> OnStartQueue:
-        from ..health.onstart import ClusterBusy, check_new_nodes
-
         cluster = Cluster(self.env, self.name)
 
         def on_error(batch: list[str], e: BaseException) -> None:
@@ -138,10 +142,9 @@ class Agent:
         cluster = Cluster(env, self.name)
         threading.Thread(target=self._events, daemon=True, name="events").start()
         threading.Thread(target=self._recovery, daemon=True, name="recovery").start()
-        if env.multihost:  # hosts lost and back (hosts/watch.py)
+        if env.multihost:  # hosts lost and back (hosts/hostwatch.py)
             threading.Thread(target=self._hosts, daemon=True, name="hosts").start()
         threading.Thread(target=self._cluster_services, daemon=True, name="services").start()
-        from ..cluster.create import has_gpus
 
         if has_gpus(cluster.spec, env.catalogue):  # passive GPU monitoring (agent/gpuwatch.py)
             threading.Thread(target=self._gpu_watch, daemon=True, name="gpu-monitors").start()
@@ -269,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     name = args[0]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(threadName)s %(message)s")
-    env = Env()
+    env = assembly.env()
     lock, pidf, _ = paths(env.store.home, name)
     f = open(lock, "a+")
     try:

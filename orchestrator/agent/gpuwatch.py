@@ -6,8 +6,8 @@ GPU check image running hp_gpu_monitor.py, given the node's own GPUs, no network
 small CPU and memory ceiling). It sleeps in NVML's event wait and prints one JSON line
 per XID event and per counter snapshot (every HP_GPU_MONITOR_INTERVAL seconds, 30 by
 default). The agent follows each monitor's output through the Provider (one blocked
-log stream per node: no polling) and feeds it to health/gpumonitor.py's MonitorState,
-which reports only what is new. Then (gpumonitor.decide):
+log stream per node: no polling) and feeds it to gpu/monitor.py's MonitorState,
+which reports only what is new. Then (gpu/monitor.py, decide):
 
 - a failing finding drains the node with a reason naming it (`hp:gpu:<action>:<code>
   <message>`, slurm/model.py), and records an event;
@@ -31,15 +31,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..cluster import capacity
-from ..cluster.context import Cluster, Env
+from ..core import capacity
+from ..core.context import Cluster, Env
 from ..docker.images import GPU_IMAGES
 from ..docker.views import Container, ContainerSpec, LineStream
 from ..errors import TRANSIENT, guarded
+from ..gpu.judge import FAILING, Finding
+from ..gpu.monitor import MonitorDecision, MonitorState, decide
 from ..gpu.wiring import GpuWiringError
-from ..health.gpu import FAILING, Finding
-from ..health.gpucheck import condemned_gpus, node_wiring
-from ..health.gpumonitor import MonitorDecision, MonitorState, decide
+from ..health.requests.gpu_check import condemned_gpus, node_wiring
 from ..naming import L_GPU_MODE, L_ROLE, L_WATCHES, labels, monitor_name
 from ..recovery import actions
 from ..state.phases import Owner, owner

@@ -11,8 +11,8 @@ import logging
 import os
 from collections.abc import Callable
 
-from ..cluster.context import Cluster, parallel
-from ..cluster.launcher import Launcher
+from ..core.context import Cluster, parallel
+from ..core.launcher import Launcher
 from ..docker.views import Container
 from ..errors import LaunchError, OperationFailed
 from ..naming import L_GROUP, group_prefix, node_id, node_name, split_node

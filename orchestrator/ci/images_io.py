@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..cluster.context import Env
+from ..core.context import Env
 from ..docker.images import ALL_IMAGES, CHECK_IMAGES, LOCAL_BASE, NODE_IMAGES, PULL_BASE, context_hash, packages_hash
 from ..errors import BadInput, EngineError, OperationFailed
 

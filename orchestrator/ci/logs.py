@@ -11,10 +11,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..cluster.context import Cluster, Env
+from ..core.context import Cluster, Env
 from ..docker.views import Container
 from ..errors import NotFound
 from ..naming import SERVICE_HOSTS
+from ..services.accounting import secret_files
 from ..slurm.conf import render
 from ..state.health_requests import Records
 from ..state.phases import Phase
@@ -73,7 +74,6 @@ def export_logs(env: Env, name: str, directory: Path, log: Log = lambda s: None)
     cluster = Cluster(env, name)
     key_path = env.store.home / "clusters" / name / "slurm.key"
     secret = key_path.read_bytes() if key_path.is_file() else None
-    from ..services.accounting import secret_files
 
     w = LogWriter(directory, secret, secret_files(env.store.home, name))
     directory.mkdir(parents=True, exist_ok=True)
@@ -101,7 +101,7 @@ def export_logs(env: Env, name: str, directory: Path, log: Log = lambda s: None)
         w.json("events.json", [e.as_dict() for e in env.store.events(name, limit=10_000)])
         w.write("slurm.conf", _slurm_conf(cluster, ctl))
         if ctl is not None and (gres := cluster.p.get_dir(ctl.id, "/etc/slurm/gres.conf")):
-            w.write("gres.conf", next(iter(gres.values())))  # GPU nodes' GRES (cluster/gpunodes.py)
+            w.write("gres.conf", next(iter(gres.values())))  # GPU nodes' GRES (gpu/gresconf.py)
         health = _health_results(env, name)
         if health:
             w.json("health-checks.json", health)

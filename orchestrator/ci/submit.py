@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import waits
-from ..cluster.context import DEFAULT_UID, DEFAULT_USER, Cluster, Env
 from ..cluster.exec import exec_target
+from ..core.context import DEFAULT_UID, DEFAULT_USER, Cluster, Env
 from ..docker.provider import Provider
 from ..errors import BadInput, EngineError, OperationFailed, WaitTimeout
 from ..slurm.model import JobInfo

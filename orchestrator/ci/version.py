@@ -7,7 +7,7 @@ from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as pkg_version
 from typing import Any
 
-from ..cluster.context import Env
+from ..core.context import Env
 from ..docker.images import NODE_IMAGES
 from ..errors import EngineUnavailable, OperationFailed
 

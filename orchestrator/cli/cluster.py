@@ -93,9 +93,9 @@ def create(
 def dry_run_check(e: Any, spec: Any, catalogue: dict) -> None:
     """With an engine that answers, the host's capacity too (CPU types: no state is read,
     unless hosts are registered: then their capacity and the spec's Placement)."""
-    from ..cluster import capacity
     from ..cluster.create import capacity_problems
-    from ..cluster.multihost import placement_problems
+    from ..core import capacity
+    from ..core.across_hosts import placement_problems
     from ..docker.engine import DockerEngine
     from ..errors import EngineUnavailable
     from ..state.store import hosts_registered

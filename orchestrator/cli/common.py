@@ -10,18 +10,19 @@ import typer
 from .output import Out
 
 if TYPE_CHECKING:
-    from ..cluster.context import Env
+    from ..core.context import Env
 
 EXIT_CODES = "Exit codes: 0 success, 1 operation failed, 2 bad input, 3 timeout waiting."
 JsonOpt = typer.Option(False, "--json", help="Machine-readable JSON on stdout.")
 
 
 def env() -> Env:
-    """The program's environment, imported when a command runs: the CLI itself starts with
-    typer alone, and each command loads only what it uses (docker-py, pydantic... ~0.4 s)."""
-    from ..cluster.context import Env
+    """The program's environment (orchestrator/assembly.py), imported when a command runs: the
+    CLI itself starts with typer alone, and each command loads only what it uses (docker-py,
+    pydantic... ~0.4 s)."""
+    from .. import assembly
 
-    return Env()
+    return assembly.env()
 
 
 def sub_app(help_text: str) -> typer.Typer:

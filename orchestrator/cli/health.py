@@ -33,7 +33,7 @@ def start(
 ) -> None:
     """Start a deep health check; returns at once with the request id (work runs detached)."""
     from ..errors import BadInput
-    from ..health import service
+    from ..health.requests import service
 
     out = Out(json_out)
     options = {
@@ -63,7 +63,7 @@ def status(
     json_out: bool = JsonOpt,
 ) -> None:
     """Progress and results of the latest (or given) health check, per group and node."""
-    from ..health import service
+    from ..health.requests import service
 
     show(Out(json_out), service.status(env(), name, request), json_out)
 
@@ -71,7 +71,7 @@ def status(
 @health_app.command("cancel")
 def cancel(name: str) -> None:
     """Stop the active health check and resume the nodes it drained."""
-    from ..health import service
+    from ..health.requests import service
 
     print(f"cancelled {service.cancel(env(), name)}")
 

@@ -122,7 +122,7 @@ def capacity_set(
     clear: bool = typer.Option(False, "--clear", help="Remove the limit."),
 ) -> None:
     """Limit how many nodes of an instance type may run on this host (all clusters)."""
-    from ..cluster import capacity
+    from ..core import capacity
 
     e = env()
     capacity.set_limit_checked(e.store, e.catalogue, instance_type, count, clear)
@@ -138,7 +138,7 @@ def capacity_release_gpu(
     all_: bool = typer.Option(False, "--all", help="Every quarantined GPU."),
 ) -> None:
     """Put GPUs that a replace-class finding quarantined back into the pool."""
-    from ..cluster import capacity
+    from ..core import capacity
     from ..errors import BadInput
 
     e = env()
@@ -156,7 +156,7 @@ def capacity_release_gpu(
 @capacity_app.command("show")
 def capacity_show(json_out: bool = JsonOpt) -> None:
     """The host's pool, what hp's nodes use of it, and per-type limits."""
-    from ..cluster import capacity
+    from ..core import capacity
 
     e = env()
     doc = capacity.report(e.provider, e.store, e.catalogue)

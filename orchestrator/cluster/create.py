@@ -5,10 +5,10 @@ Order: network, volumes and key; the controller (ready when `scontrol ping` answ
 then login and compute groups in parallel. Their containers are created while the
 controller boots and started the moment it answers.
 
-With registered hosts (cluster/multihost.py): the images are made present on every
+With registered hosts (core/across_hosts.py): the images are made present on every
 host first (one stream from the local engine, fanned out); the network is a swarm
 overlay (`--encrypt-network`: proven to carry traffic, else the create fails); each
-node is placed on a host (placement.py); the /home file server starts on the
+node is placed on a host (core/placement.py); the /home file server starts on the
 controller's host right after the controller.
 controller boots and started the moment it answers. With Accounting, the database starts
 first and boots while the other containers are created; slurmdbd starts once it is ready,
@@ -24,18 +24,22 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+from ..core import capacity, placement
+from ..core.across_hosts import ensure_fileserver, host_problems, placement_problems, prove_traffic
+from ..core.context import Cluster, Env, parallel
+from ..core.launcher import Launcher
+from ..docker.images import CHECK_IMAGES, GPU_IMAGES, MULTIHOST_IMAGES, NODE_IMAGES, SERVICE_IMAGES
 from ..errors import BadInput, HpError, LaunchError, OperationFailed, WaitTimeout
+from ..health.requests.gpu_check import thresholds_checked
 from ..naming import container_name, database_volume, labels, network_name, node_name, shared_volume, state_volume
 from ..services.accounting import CreateServices, controller_files, forget_secrets
 from ..slurm.conf import render
 from ..spec.model import ClusterSpec, InstanceGroup
 from ..state.phases import Phase
 from ..state.transitions import ClusterStatus
-from . import capacity
-from .context import Cluster, Env, parallel
 from .delete import remove_resources
-from .launcher import Launcher
-from .multihost import ensure_fileserver, host_problems, placement_problems, prove_traffic
 
 log = logging.getLogger("hp")
 
@@ -97,8 +101,6 @@ def image_defs(spec: ClusterSpec, catalogue: dict | None = None, multihost: bool
     GPU check image (checks and the passive GPU monitor) when a group has GPUs; the service
     images (Accounting, Rest); with registered hosts, the /home-mounting node image and
     the file server."""
-    from ..docker.images import CHECK_IMAGES, GPU_IMAGES, MULTIHOST_IMAGES, NODE_IMAGES, SERVICE_IMAGES
-
     services = {"accounting": spec.accounting, "database": spec.accounting, "rest": spec.rest}
     defs = NODE_IMAGES + tuple(d for d in SERVICE_IMAGES if services[d.name])
     defs += MULTIHOST_IMAGES if multihost else ()
@@ -112,8 +114,6 @@ def capacity_problems(
     """Instance types the spec asks more of than the hosts could ever run (each host's
     whole pool, every other node gone; a node fits on one host, and a type's pool is
     the sum over the hosts its groups may use): refused before anything is made."""
-    from . import placement
-
     assert env is not None or pool is not None
     per_host = {"": pool} if pool is not None else capacity.pools(env.provider, env.store)[0]  # type: ignore[union-attr]
     catalogue = catalogue or env.catalogue  # type: ignore[union-attr]
@@ -151,8 +151,6 @@ def create(env: Env, spec: ClusterSpec, opts: CreateOptions, progress: Progress 
     if problems := problems or capacity_problems(env, spec):
         raise BadInput(problems, "cannot create")
     if has_gpus(spec, env.catalogue):
-        from ..health.gpucheck import thresholds_checked
-
         thresholds_checked()  # a bad thresholds file is bad input: refused before anything is made
     if env.multihost:  # a host that cannot run the nodes is refused before any image is built
         progress.stage("hosts", "probing what nodes need on every host")
@@ -385,8 +383,6 @@ def _start_controller(
 def _retry_controller(cluster: Cluster, launcher: Launcher, conf: bytes, deadline: float, first: LaunchError) -> str:
     """Continuous mode: a controller that failed for a retryable reason (its container
     exited, slurmctld did not answer) is made again, with backoff, a few times."""
-    from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
-
     env, name, host = cluster.env, cluster.name, cluster.controller_host
     group = cluster.spec.controller.InstanceGroupName
     env.store.event(name, "Instance", "Error", f"Controller {host} failed, retrying: {first}", group, node=host)

@@ -7,11 +7,13 @@ from __future__ import annotations
 import shutil
 
 from .. import waits
+from ..core.context import Cluster, Env, parallel
 from ..docker.provider import Provider
 from ..errors import EngineError, NotFound, OperationFailed
+from ..health.requests.service import stop_for_delete
+from ..services.endpoints import forget
 from ..slurm.model import DELETING_REASON
 from ..state.transitions import ClusterStatus
-from .context import Cluster, Env, parallel
 
 NETWORK_BUSY_S = 15.0  # an overlay's endpoints on other hosts go a moment after their containers
 
@@ -68,7 +70,6 @@ def delete(env: Env, name: str) -> dict[str, int]:
     if row is not None:
         env.store.set_status(name, ClusterStatus.DELETING)
         env.agents.stop(name)  # nothing may launch a node while the cluster goes
-        from ..health.service import stop_for_delete
 
         stop_for_delete(env, name)
         cluster = Cluster(env, name)
@@ -92,7 +93,6 @@ def delete(env: Env, name: str) -> dict[str, int]:
     if row is not None:
         env.store.event(name, "Cluster", "Info", f"Cluster {name} deleted")
         env.store.remove_cluster(name)
-        from ..services.endpoints import forget
 
         forget(env.store, name)  # the agent's loopback ports
         shutil.rmtree(env.store.home / "clusters" / name, ignore_errors=True)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..core.context import DEFAULT_UID, DEFAULT_USER, Env
 from ..errors import BadInput, OperationFailed
 from ..naming import container_name
-from .context import DEFAULT_UID, DEFAULT_USER, Env
 
 Write = Callable[[bytes, bool], None]  # (data, is stderr)
 
@@ -34,7 +34,7 @@ def exec_target(env: Env, name: str, node: str | None) -> str:
     login = sorted((c for c in containers.values() if c.role == "login" and c.running), key=lambda c: c.name)
     if login:
         return login[0].name
-    return container_name(name, cluster.controller_host)
+    return container_name(name, cluster.controller_node)
 
 
 def run_exec(env: Env, container: str, cmd: list[str], root: bool, write: Write, interactive: bool = False) -> int:

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..core.context import Cluster, Env
 from ..errors import EngineUnavailable, OperationFailed
+from ..services.accounting import health
+from ..services.endpoints import url
 from ..slurm.model import SlurmNode
 from ..state.status import NodeView, group_views, node_views
 from ..state.store import iso
-from .context import Cluster, Env
 
 
 def list_clusters(env: Env) -> dict[str, Any]:
@@ -43,7 +45,7 @@ def observe(cluster: Cluster) -> tuple[list[NodeView], bool]:
     placed = cluster.placements()  # before the phases: see Cluster.lost_nodes
     recorded = cluster.store.latest_phases(cluster.name)
     containers = cluster.node_containers()
-    ctl = containers.get(cluster.controller_host)
+    ctl = containers.get(cluster.controller_node)
     snodes: dict[str, SlurmNode] = {}
     up = False
     if ctl is not None and ctl.running:
@@ -79,7 +81,7 @@ def describe(env: Env, name: str) -> dict[str, Any]:
         "NodeRecovery": spec.NodeRecovery,
         "NodeProvisioningMode": spec.NodeProvisioningMode or "AllOrNothing",
         "ControllerReachable": up,
-        "SlurmControllerHost": cluster.controller_host,
+        "SlurmControllerHost": cluster.controller_node,
         "InstanceGroups": group_views(spec, nodes, active_ops(env, name)),
         **services_view(cluster),
         **unreachable_view(env),
@@ -95,9 +97,6 @@ def unreachable_view(env: Env) -> dict[str, Any]:
 def services_view(cluster: Cluster) -> dict[str, Any]:
     """The cluster services: Accounting and Rest as set, slurmdbd's health
     (SlurmHealthMetadata) and the agent's loopback endpoints."""
-    from ..services.accounting import health
-    from ..services.endpoints import url
-
     spec, store = cluster.spec, cluster.store
     rest = url(store, cluster.name, "rest") if spec.rest else None
     return {

@@ -9,15 +9,17 @@ is refused with the limit named, nothing changed.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+from ..core import capacity
+from ..core.context import Cluster, Env
+from ..core.placement import hosts_of
 from ..errors import BadInput
 from ..naming import node_id
 from ..spec.model import SLURM_MAX_NODES
 from ..state.phases import Owner, Phase, owner
 from ..state.transitions import ClusterStatus
-from . import capacity
-from .context import Cluster, Env
 
 SCALABLE = (ClusterStatus.IN_SERVICE, ClusterStatus.CREATING)
 
@@ -51,8 +53,6 @@ def bound_problems(c: Cluster, group: str, new_count: int) -> list[str]:
     if list(pools) == [""]:
         ceiling, why = capacity.ceiling(itype, pools[""])
     else:  # a node fits on one host: the bound is the sum of each host's
-        from .placement import hosts_of
-
         bounds = {h: capacity.ceiling(itype, pools[h]) for h in hosts_of(g, list(pools)) if h in pools}
         ceiling = sum(b[0] for b in bounds.values())
         why = ", ".join(f"{h}: {b[0]} ({b[1]})" for h, b in bounds.items()) or "no host available"
@@ -122,8 +122,6 @@ def scale(env: Env, name: str, group: str, count: int, *, add: bool = False) -> 
 def delete_nodes(env: Env, name: str, nodes: list[str]) -> dict[str, Any]:
     """Remove chosen nodes: the group's target drops by as many, and those nodes (not
     others) are drained, deleted from Slurm, then removed."""
-    import time
-
     c = _cluster(env, name)
     existing = c.node_containers()
     by_id = {ci.id[:12]: n for n, ci in existing.items()}

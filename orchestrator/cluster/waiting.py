@@ -6,8 +6,8 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import waits
+from ..core.context import Env
 from ..errors import WaitTimeout
-from .context import Env
 from .query import describe
 
 POLL_S = 0.5

@@ -8,9 +8,14 @@ from __future__ import annotations
 
 import io
 import os
+import select
+import shutil
+import sys
 import tarfile
+import termios
 import threading
 import time
+import tty
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -654,12 +659,6 @@ class DockerEngine:
         workdir: str | None = None,
         environment: dict[str, str] | None = None,
     ) -> int:  # pragma: no cover - needs a terminal; exercised by hand (hp exec lab -- bash)
-        import select
-        import shutil
-        import sys
-        import termios
-        import tty
-
         api = self.api
         with _errors(f"run {cmd[0]} in {container}"):
             ex = api.exec_create(

@@ -6,11 +6,10 @@ JSON documents: providers return these.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..gpu.wiring import GpuWiring
 from ..naming import L_GPUS, L_GROUP, L_INDEX, L_ITYPE, L_NODE, L_ROLE
 
 NODE_ROLES = ("controller", "login", "worker")  # not "check": health-check containers carry a node's labels too
@@ -197,6 +196,24 @@ class ExecResult:
     output: str
 
 
+class DeviceWiring(Protocol):
+    """What the engine adds to a container for its devices (a node's GPUs: gpu/wiring.py's
+    GpuWiring): "host:container:rwm" device mappings, "host:container:ro" binds, docker-py
+    DeviceRequest keyword mappings, environment."""
+
+    @property
+    def devices(self) -> Sequence[str]: ...
+
+    @property
+    def binds(self) -> Sequence[str]: ...
+
+    @property
+    def device_requests(self) -> Sequence[Mapping[str, Any]]: ...
+
+    @property
+    def env(self) -> Mapping[str, str]: ...
+
+
 @dataclass
 class ContainerSpec:
     """A container to create. `network` attaches it to a named network (with its
@@ -218,7 +235,7 @@ class ContainerSpec:
     cpu_quota: int | None = None  # or a CFS quota and period
     cpu_period: int | None = None
     memory_bytes: int | None = None
-    gpus: GpuWiring | None = None
+    gpus: DeviceWiring | None = None
     command: list[str] | None = None
     entrypoint: list[str] | None = None  # None: the image's
     cap_add: list[str] = field(default_factory=list)

@@ -4,7 +4,7 @@
   the first, join tokens for the others, up to three managers; or an existing swarm used
   as it is), and the provider hp uses (`provider_for`: the local engine when no host is
   registered, else a MultiHostProvider over the hosts' engines);
-- watch.py: the agent's host watcher: a host whose engine stops answering (or whose swarm
+- hostwatch.py: the agent's host watcher: a host whose engine stops answering (or whose swarm
   node is Down) has its nodes marked and, with NodeRecovery Automatic, replaced on other
   hosts under the same Slurm names; a host that comes back is reconciled (stale copies of
   replaced nodes removed before anything starts).

@@ -14,7 +14,7 @@ host blocks new containers from joining overlay networks; with three, any one ho
 be lost. In a swarm hp did not make, roles are left as they are.
 
 Nothing half-done: a host that cannot be reached, of another architecture, that cannot
-run the nodes (probe.py: no FUSE device for containers, no mount, the swarm's ports
+run the nodes (core/hostprobe.py: no FUSE device for containers, no mount, the swarm's ports
 closed), in another swarm, or that fails to join is not recorded (and a join that went
 through is undone).
 """
@@ -31,6 +31,8 @@ from typing import Any
 from urllib.parse import urlparse
 
 from .. import waits
+from ..core import hostprobe
+from ..core.context import Cluster, Env, parallel
 from ..docker import engine as engine_mod
 from ..docker.engine import DockerEngine
 from ..docker.images import Images
@@ -38,11 +40,13 @@ from ..docker.multihost import PING_TIMEOUT_S, MultiHostProvider
 from ..docker.provider import Provider
 from ..docker.views import NODE_ROLES, EngineInfo
 from ..errors import BadInput, EngineError, EngineUnavailable, NotFound, OperationFailed
-from ..naming import L_CLUSTER
+from ..gpu.inventory import KEY as GPU_KEY
+from ..gpu.inventory import HostGpuInfo
+from ..naming import L_CLUSTER, node_name
+from ..recovery import actions
 from ..spec.model import name_problem
 from ..state.phases import Phase
 from ..state.store import HostRow, Store, iso
-from . import probe
 
 log = logging.getLogger("hp.hosts")
 Log = Callable[[str], None]
@@ -244,8 +248,8 @@ def _check_nodes_run(eng: DockerEngine, name: str, manager: str | None, log: Log
     """A probe container on the host: the FUSE device, mounting, the swarm's ports."""
     local = engine_mod.DockerEngine()
     ref, iid = Images(local).base(log)
-    probe.ensure_image(eng, local, ref, iid, log)
-    if problems := probe.problems(eng, ref, manager):
+    hostprobe.ensure_image(eng, local, ref, iid, log)
+    if problems := hostprobe.problems(eng, ref, manager):
         raise BadInput([f"host {name} cannot run hp's nodes: {p}" for p in problems], "cannot add host")
 
 
@@ -348,9 +352,6 @@ def rebalance(store: Store, log: Log = lambda s: None) -> None:
 def listing(store: Store) -> dict[str, Any]:
     """Every registered host now: engine, size, GPUs, swarm role and state, reachability,
     the nodes placed there."""
-    from ..gpu.host import KEY as GPU_KEY
-    from ..gpu.host import HostGpuInfo
-
     rows = store.hosts()
     swarm: dict[str, dict[str, str]] = {}
     try:
@@ -444,21 +445,16 @@ def nodes_on(store: Store, host: str, engine: DockerEngine | None) -> dict[str, 
 
 
 def _controller_of(spec: dict[str, Any]) -> str:
-    from ..naming import node_name
-
     for g in spec.get("InstanceGroups") or []:
         if (g.get("SlurmConfig") or {}).get("NodeType") == "Controller":
             return node_name(str(g.get("InstanceGroupName", "")), 1)
     return ""
 
 
-def remove(env: Any, name: str, drain: bool = False, log: Log = lambda s: None) -> dict[str, Any]:
+def remove(env: Env, name: str, drain: bool = False, log: Log = lambda s: None) -> dict[str, Any]:
     """Unregister a host: refused while a controller lives there (exit 2), or nodes do
     (exit 2) unless `drain`, which replaces them on other hosts first (same Slurm names).
     Then the host leaves the swarm hp made (demoted first when it was a manager)."""
-    from ..cluster.context import Cluster, parallel
-    from ..recovery import actions
-
     store: Store = env.store
     row = next((r for r in store.hosts() if r.name == name), None)
     if row is None:

@@ -15,11 +15,12 @@ import time
 from dataclasses import dataclass
 
 from .. import waits
-from ..cluster.context import Cluster
-from ..cluster.launcher import Launcher
+from ..core.context import Cluster, parallel
+from ..core.launcher import Launcher
 from ..docker.views import Container
 from ..errors import TRANSIENT, BadInput, LaunchError, OperationFailed
 from ..naming import ROLE_BY_NODE_TYPE, node_id, split_node
+from ..services.accounting import before_controller_start
 from ..slurm.model import ONSTART_REASON, REBOOTING_REASON, SlurmNode, job_note
 from ..state.phases import Phase, allowed, owner
 
@@ -111,8 +112,6 @@ def reboot(cluster: Cluster, node: str, reason: str, wait: float = 60.0, keep_dr
         else:
             _forget(cluster, t, f"rebooted: {reason}")
         if t.role == "controller":  # never (re)start slurmctld while slurmdbd is unreachable
-            from ..services.accounting import before_controller_start
-
             if done := before_controller_start(cluster, wait):
                 _event(cluster, t, "Info", f"waits for accounting first: {'; '.join(done)}")
         if t.container.state in ("running", "paused"):  # a restart also thaws a frozen one
@@ -192,8 +191,6 @@ def recover(cluster: Cluster, node: str, reason: str, wait: float = 60.0) -> boo
 def reregister_lost(cluster: Cluster, wait: float = 60.0) -> list[str]:
     """A controller killed before it saved its state forgets the dynamic nodes that
     registered since; their slurmd never registers again by itself. Reboot them."""
-    from ..cluster.context import parallel
-
     try:
         known = {n.name for n in cluster.slurm.nodes()}
     except OperationFailed:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..cluster.context import Env, parallel
+from ..core.context import Env, parallel
 from ..errors import BadInput, OperationFailed
 from ..naming import node_id
 from . import actions

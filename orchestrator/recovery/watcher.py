@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ..cluster.context import Cluster, Env
+from ..core.context import Cluster, Env
 from ..docker.views import Event
 from ..errors import TRANSIENT, EngineError, EngineUnavailable, report_bug
 from ..slurm.model import SlurmNode
@@ -108,7 +108,7 @@ class RecoveryWatcher:
             return True
         at = time.time()
         containers = self.cluster.node_containers()
-        ctl = containers.get(self.cluster.controller_host)
+        ctl = containers.get(self.cluster.controller_node)
         snodes: dict[str, SlurmNode] = {}
         answered = False
         if ctl is not None and ctl.running:

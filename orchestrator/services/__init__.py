@@ -10,6 +10,6 @@
 - metrics.py: the Prometheus collector the agent serves (Slurm's view, through the
   Slurm boundary, and hp's own);
 - endpoints.py: the agent's loopback ports (REST front, metrics), recorded in the store;
-- watch.py: the agent's watch over the services (a dead database or slurmdbd is
+- servicewatch.py: the agent's watch over the services (a dead database or slurmdbd is
   started again, in order).
 """

@@ -36,11 +36,13 @@ from pathlib import Path
 from string import Template
 
 from .. import waits
-from ..cluster.context import SLURM_UID, Cluster
+from ..core.across_hosts import controller_host_of
+from ..core.context import SLURM_UID, Cluster
+from ..docker.images import SERVICE_IMAGES
 from ..docker.views import Container, ContainerSpec
 from ..errors import EngineError, OperationFailed
-from ..naming import L_CLUSTER, SERVICE_HOSTS, database_volume, labels, network_name, service_container
-from ..slurm.conf import slurmdbd_conf, template
+from ..naming import L_CLUSTER, L_HOST, SERVICE_HOSTS, database_volume, labels, network_name, service_container
+from ..slurm.conf import render, slurmdbd_conf, template
 
 log = logging.getLogger("hp")
 
@@ -126,7 +128,7 @@ def container_spec(cluster: Cluster, role: str, image: str) -> ContainerSpec:
         hostname=SERVICE_HOSTS[role],
         labels=labels(cluster.name, role),
         network=network_name(cluster.name),
-        environment={"HP_CLUSTER": cluster.name, "HP_CONTROLLER": cluster.controller_host},
+        environment={"HP_CLUSTER": cluster.name, "HP_CONTROLLER": cluster.controller_node},
         cpu_limit=cpus,
         memory_bytes=mib * 2**20,
         restart_policy=RESTART_POLICY,
@@ -134,9 +136,6 @@ def container_spec(cluster: Cluster, role: str, image: str) -> ContainerSpec:
     if role == "database":
         spec.volumes = {database_volume(cluster.name): "/var/lib/mysql"}
     if cluster.multihost:  # registered hosts: on the controller's host
-        from ..cluster.multihost import controller_host_of
-        from ..naming import L_HOST
-
         spec.host = controller_host_of(cluster)
         spec.labels[L_HOST] = spec.host
         if role == "database":
@@ -347,8 +346,6 @@ def _image(cluster: Cluster, role: str) -> str:
 
 
 def _service_defs() -> tuple:
-    from ..docker.images import SERVICE_IMAGES
-
     return SERVICE_IMAGES
 
 
@@ -361,12 +358,10 @@ def _bring_back(cluster: Cluster, role: str, c: Container | None, deadline: floa
     if c is None:
         conf = None
         if role == "rest":
-            ctl = cluster.node_containers().get(cluster.controller_host)
+            ctl = cluster.node_containers().get(cluster.controller_node)
             got = p.get_dir(ctl.id, "/etc/slurm/slurm.conf") if ctl else {}
             conf = next(iter(got.values()), None)
             if conf is None:
-                from ..slurm.conf import render
-
                 conf = render(cluster.spec, cluster.env.catalogue).encode()
         cid, what = create(cluster, role, _image(cluster, role), conf), "re-created"
         before = 0

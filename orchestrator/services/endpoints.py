@@ -10,12 +10,13 @@ import socket
 from typing import Any
 
 from .. import waits
-from ..cluster.context import Cluster, Env
+from ..core.context import Cluster, Env
 from ..errors import EngineError, OperationFailed
 from ..naming import network_name, service_container
 from ..state.store import Store
 from .accounting import REST_PORT, jwt_key
 from .front import UPSTREAM_TIMEOUT, Front
+from .metrics import HealthResults, registry
 
 log = logging.getLogger("hp.agent")
 
@@ -78,9 +79,10 @@ REST_RELAY = [
 class Endpoints:
     """Started by the agent: the servers, on daemon threads."""
 
-    def __init__(self, env: Env, name: str):
+    def __init__(self, env: Env, name: str, health_results: HealthResults):
         self.env = env
         self.name = name
+        self.health_results = health_results
         self.cluster = Cluster(env, name)
         self.servers: list[Any] = []
         self._upstream: tuple[str, int] | None = None
@@ -100,9 +102,7 @@ class Endpoints:
     def start(self) -> None:
         from prometheus_client import start_http_server
 
-        from .metrics import registry
-
-        reg = registry(self.cluster)
+        reg = registry(self.cluster, self.health_results)
         self._bind("metrics", lambda port: start_http_server(port, addr="127.0.0.1", registry=reg)[0])
         if self.cluster.spec.rest:
             tunnel = self.tunnel if self.cluster.multihost else None

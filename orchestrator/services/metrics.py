@@ -18,25 +18,31 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from ..cluster.context import Cluster
+from ..core.context import Cluster
 from ..errors import TRANSIENT
 from ..naming import group_prefix
-from ..state.health_requests import Records
 from ..state.phases import Phase
+from .accounting import health
 
 log = logging.getLogger("hp.metrics")
 
 CACHE_S = 1.0  # scrapes closer together than this get the same answer
 
+# A cluster's deep health check results that ended: (check, result, how many, seconds in
+# all) rows, from the health checks' records (state/health_requests.Records.summary),
+# which sit a floor above the services: the agent passes them in.
+HealthResults = Callable[[str], Iterable[tuple[str, str, int, float]]]
+
 
 class ClusterCollector:
     """A prometheus_client collector (collect() yields metric families)."""
 
-    def __init__(self, cluster: Cluster):
+    def __init__(self, cluster: Cluster, health_results: HealthResults):
         self.c = cluster
+        self.health_results = health_results
         self._lock = threading.Lock()
         self._cached: tuple[float, list[Any]] | None = None
 
@@ -123,7 +129,7 @@ class ClusterCollector:
             "hp_health_check_duration_seconds", "Time deep health checks took, by check", labels=["cluster", "check"]
         )
         per_check: dict[str, tuple[int, float]] = {}
-        for check, state, k, secs in Records(c.store).summary(name):
+        for check, state, k, secs in self.health_results(name):
             results.add_metric([name, check, state], k)
             n0, s0 = per_check.get(check, (0, 0.0))
             per_check[check] = (n0 + k, s0 + secs)
@@ -131,8 +137,6 @@ class ClusterCollector:
             durations.add_metric([name, check], count_value=k, sum_value=secs)
         out += [results, durations]
         if spec.accounting:
-            from .accounting import health
-
             acct = GaugeMetricFamily(
                 "hp_accounting_healthy",
                 "1 when slurmdbd and its database answer (reason: why not)",
@@ -151,9 +155,9 @@ class ClusterCollector:
         return out
 
 
-def registry(cluster: Cluster) -> Any:
+def registry(cluster: Cluster, health_results: HealthResults) -> Any:
     from prometheus_client import CollectorRegistry
 
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(ClusterCollector(cluster))  # type: ignore[arg-type]
+    reg.register(ClusterCollector(cluster, health_results))  # type: ignore[arg-type]
     return reg

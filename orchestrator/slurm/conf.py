@@ -18,7 +18,7 @@ def template(name: str) -> str:
     return (resources.slurm_conf() / name).read_text()
 
 
-def controller_host(spec: ClusterSpec) -> str:
+def controller_node(spec: ClusterSpec) -> str:
     return node_name(spec.controller.InstanceGroupName, 1)
 
 
@@ -47,7 +47,7 @@ def render(spec: ClusterSpec, catalogue: dict[str, InstanceType]) -> str:
     gpu = any(catalogue[g.InstanceType].gpus for g in spec.compute if g.InstanceType in catalogue)
     return tmpl.substitute(
         cluster=spec.ClusterName,
-        controller=controller_host(spec),
+        controller=controller_node(spec),
         max_nodes=spec.max_nodes,
         slurmd_timeout=SLURMD_TIMEOUT,
         gres_types="GresTypes=gpu" if gpu else "",

@@ -19,7 +19,7 @@ from ..errors import OperationFailed
 REASON_PREFIX = "hp:"
 HEALTH_PREFIX = f"{REASON_PREFIX}health:"  # deep health checks: hp:health:<request>:<check>[ failed: why]
 ONSTART_REASON = f"{HEALTH_PREFIX}on-start:pending"  # new nodes of groups with on-start checks register drained so
-# hp's passive GPU monitor drains with hp:gpu:<action>:<finding code> <message> (health/gpumonitor.py)
+# hp's passive GPU monitor drains with hp:gpu:<action>:<finding code> <message> (gpu/monitor.py)
 GPU_MONITOR_PREFIX = f"{REASON_PREFIX}gpu:"
 REMOVING_REASON = f"{REASON_PREFIX} removing node"  # scale-down / delete-nodes drain
 # a worker rebooted or replaced while Slurm still had jobs on it: set DOWN so that Slurm

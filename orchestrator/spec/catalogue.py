@@ -88,7 +88,7 @@ def load_catalogue(
     extra: str | os.PathLike[str] | None = None, discovered: dict[str, dict] | None = None
 ) -> dict[str, InstanceType]:
     """The shipped catalogue, then `discovered` types (GPU types named after the
-    host's GPUs: gpu/host.py), overlaid by `extra` or $HP_INSTANCE_TYPES if set."""
+    host's GPUs: gpu/inventory.py), overlaid by `extra` or $HP_INSTANCE_TYPES if set."""
     types = dict(_builtin())
     if discovered:
         found = _parse(discovered, "GPU types discovered on the Docker host")

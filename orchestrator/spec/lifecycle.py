@@ -4,7 +4,7 @@ where the folder is.
 `SourceS3Uri` names a folder on this machine: a path (relative to the spec file's
 folder) or a file:// URI. An s3:// URI is refused (hp reaches no S3). `OnCreate` is a
 file in that folder, run with bash as root on each node of the group before its Slurm
-daemon starts (cluster/lifecycle.py copies the folder in); `OnCreateTimeout` (hp's own)
+daemon starts (core/lifecycle.py copies the folder in); `OnCreateTimeout` (hp's own)
 bounds it, in seconds.
 
 The folder is resolved when the spec is validated and recorded as an absolute path:

@@ -32,6 +32,7 @@ import re
 import stat
 from collections.abc import Callable
 from json.decoder import JSONDecodeError, scanstring
+from json.scanner import py_make_scanner
 from pathlib import Path
 from typing import Any
 
@@ -207,7 +208,6 @@ class _JsonDecoder(json.JSONDecoder):
         self.budget = _Budget()
         self.depth = 0
         self.text = ""
-        from json.scanner import py_make_scanner
 
         self.scan_once = py_make_scanner(self)
 

@@ -20,9 +20,9 @@ from conftest import small_spec, write_spec
 
 
 def host_gpus():
-    from orchestrator.cluster.context import Env
+    from orchestrator import assembly
 
-    return Env().gpus(refresh=True)
+    return assembly.env().gpus(refresh=True)
 
 
 @pytest.fixture(scope="module")
@@ -67,23 +67,23 @@ def test_slurm_side_of_a_gpu_node_with_a_stand_in_device(docker_ok, tmp_path, mo
     reconfigure before each GPU node's slurmd starts, and Slurm's CUDA_VISIBLE_DEVICES."""
     from fakes import FakeAgents
 
-    from orchestrator.cluster import gpunodes
-    from orchestrator.cluster.context import Cluster, Env
     from orchestrator.cluster.create import CreateOptions, create
     from orchestrator.cluster.delete import remove_resources
-    from orchestrator.cluster.launcher import Launcher
+    from orchestrator.core.context import Cluster, Env
+    from orchestrator.core.launcher import Launcher
     from orchestrator.docker import images as images_mod
     from orchestrator.docker.engine import DockerEngine
-    from orchestrator.gpu import host
+    from orchestrator.gpu import gresconf, inventory
     from orchestrator.gpu.discovery import GpuRecord
     from orchestrator.gpu.wiring import GpuWiring
+    from orchestrator.slurm.client import SlurmCli
     from orchestrator.slurm.model import parse_nodes
     from orchestrator.spec.model import validate
     from orchestrator.state.store import Store
 
     stand_in = {"GPU-standin-0": "/dev/null", "GPU-standin-1": "/dev/zero"}
 
-    class StandIn(host.HostGpuInfo):
+    class StandIn(inventory.HostGpuInfo):
         def wiring(self, ids):
             k = [list(stand_in).index(i) for i in ids]
             return GpuWiring(
@@ -101,13 +101,13 @@ def test_slurm_side_of_a_gpu_node_with_a_stand_in_device(docker_ok, tmp_path, mo
         host_cpus=2,
         host_memory_mib=4096,
     )
-    monkeypatch.setattr(host, "discover", lambda *a, **k: info)
+    monkeypatch.setattr(inventory, "discover", lambda *a, **k: info)
     monkeypatch.setattr(images_mod, "GPU_IMAGES", ())  # no GPU check image: nothing here runs CUDA
     types = tmp_path / "types.yaml"
     types.write_text("gi.gpu: {VCpus: 1, CpuLimit: 0.1, MemoryMiB: 256, Gpus: 1, GpuModel: h200}\n")
     monkeypatch.setenv("HP_INSTANCE_TYPES", str(types))
     name = f"gi-gres-{os.urandom(3).hex()}"
-    env = Env(provider=DockerEngine(), store=Store(tmp_path / "home"), agents=FakeAgents())
+    env = Env(provider=DockerEngine(), store=Store(tmp_path / "home"), slurm_factory=SlurmCli, agents=FakeAgents())
     doc = small_spec(name, [("gpu", "gi.gpu", 1)], login=False)
     doc["InstanceGroups"][0]["InstanceType"] = "cpu.nano"
     try:
@@ -115,7 +115,7 @@ def test_slurm_side_of_a_gpu_node_with_a_stand_in_device(docker_ok, tmp_path, mo
         create(env, spec, CreateOptions(timeout=120))
         c = Cluster(env, name)
         ctl = c.controller_container
-        conf = gpunodes.current_gres_conf(c)
+        conf = gresconf.current_gres_conf(c)
         assert "NodeName=gpu-1 Name=gpu Type=h200 File=/dev/nvidia0" in conf
         node = c.node_containers()["gpu-1"]
         assert node.labels["io.hp.gpu-devices"] == "/dev/nvidia0" and node.gpus == ["GPU-standin-0"]
@@ -136,7 +136,7 @@ def test_slurm_side_of_a_gpu_node_with_a_stand_in_device(docker_ok, tmp_path, mo
         lau = Launcher(c, env.images.refs())
         cid = lau.create_many([(g, 2)])["gpu-2"]
         assert isinstance(cid, str), cid
-        assert "NodeName=gpu-2 Name=gpu Type=h200 File=/dev/nvidia1" in gpunodes.current_gres_conf(c)
+        assert "NodeName=gpu-2 Name=gpu Type=h200 File=/dev/nvidia1" in gresconf.current_gres_conf(c)
         assert lau.start(cid) is None and not lau.gres_pending
         t0 = time.monotonic()
         while True:

@@ -312,14 +312,15 @@ def test_stress_check_on_a_cgroup_holding_page_cache_passes_a_healthy_node(hp, t
     cache in its 256 MiB cgroup; the memory stressor is sized from what the cgroup really
     has (the largest size hp takes on such a node, 192M, is cut), and the node passes.
     A run the kernel still kills is no verdict (unit tests, on a real run's output)."""
-    from orchestrator.cluster.context import Cluster, Env
-    from orchestrator.health import sidecar
-    from orchestrator.health.engine import Engine, Options
-    from orchestrator.health.stress import MEMORY_COMMAND, StressOptions, parse_cgroup_memory
+    from orchestrator import assembly
+    from orchestrator.core.context import Cluster
+    from orchestrator.health.requests import sidecar
+    from orchestrator.health.requests.runner import Engine, Options
+    from orchestrator.health.tools.stress import MEMORY_COMMAND, StressOptions, parse_cgroup_memory
 
     name = create(hp, tmp_path, [("cpu", "cpu.nano", 1)], Accounting={"Enabled": False})
     monkeypatch.setenv("HP_HOME", str(hp.home))
-    c = Cluster(Env(), name)
+    c = Cluster(assembly.env(), name)
     node = c.node_containers()["cpu-1"]
     itype = c.env.catalogue[node.itype]
     results = {}

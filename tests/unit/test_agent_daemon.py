@@ -8,12 +8,12 @@ import time
 
 from fakes import spec_doc, world
 
-from orchestrator.agent import onstart as onstart_mod
+from orchestrator.agent import onstart_queue as onstart_mod
 from orchestrator.agent.daemon import Agent
-from orchestrator.agent.onstart import OnStartQueue
-from orchestrator.cluster.context import Cluster
+from orchestrator.agent.onstart_queue import OnStartQueue
 from orchestrator.cluster.create import CreateOptions, create
 from orchestrator.cluster.scaling import scale
+from orchestrator.core.context import Cluster
 from orchestrator.errors import OperationFailed
 from orchestrator.spec.model import validate
 from orchestrator.state.transitions import ClusterStatus

@@ -1,4 +1,4 @@
-"""Process control of the per-cluster agents (orchestrator/agent/process.py): alive means
+"""Process control of the per-cluster agents (orchestrator/core/agents.py): alive means
 holding the cluster's lock file. The only processes started here are tiny stand-ins
 that hold the lock the way `python -m orchestrator.agent` does (daemon.main) and talk to
 nothing; the agent itself is never started (subprocess.Popen is replaced where ensure()
@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 from fakes import force_status
 
-from orchestrator.agent import process
-from orchestrator.agent.process import DEAD_STATUSES, AgentProcesses, paths
+from orchestrator.core import agents
+from orchestrator.core.agents import DEAD_STATUSES, AgentProcesses, paths
 from orchestrator.state.store import Store
 from orchestrator.state.transitions import ClusterStatus
 
@@ -87,7 +87,7 @@ def no_popen(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[str], dict[str,
             started.append((argv, kw))
             self.pid = 424242
 
-    monkeypatch.setattr(process, "subprocess", SimpleNamespace(Popen=Popen, DEVNULL=subprocess.DEVNULL))
+    monkeypatch.setattr(agents, "subprocess", SimpleNamespace(Popen=Popen, DEVNULL=subprocess.DEVNULL))
     return started
 
 
@@ -191,7 +191,7 @@ def test_poke_and_stop_of_an_absent_or_dead_agent_do_nothing(store: Store, monke
         sent.append((pid, sig))
         real_kill(pid, sig)
 
-    monkeypatch.setattr(process.os, "kill", kill)
+    monkeypatch.setattr(agents.os, "kill", kill)
     a.poke("lab")
     a.stop("lab")
     assert sent == []  # nothing holds the lock: nobody to signal
@@ -236,7 +236,7 @@ def test_stop_when_the_agent_is_gone_before_the_kill(store: Store, monkeypatch: 
         if sig == signal.SIGKILL:
             raise ProcessLookupError
 
-    monkeypatch.setattr(process.os, "kill", kill)
+    monkeypatch.setattr(agents.os, "kill", kill)
     with open(lock, "a+") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         pidf.write_text(str(gone))

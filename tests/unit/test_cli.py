@@ -31,11 +31,12 @@ from orchestrator.cli import health as cli_health
 from orchestrator.cli import images as cli_images
 from orchestrator.cli import recovery as cli_recovery
 from orchestrator.cli import scale as cli_scale
-from orchestrator.cluster import capacity, waiting
+from orchestrator.cluster import waiting
 from orchestrator.cluster.create import CreateOptions, create
+from orchestrator.core import capacity
 from orchestrator.docker import engine as engine_mod
 from orchestrator.docker.views import ExecResult
-from orchestrator.health import service
+from orchestrator.health.requests import service
 from orchestrator.recovery import actions
 from orchestrator.slurm.model import JobInfo
 from orchestrator.spec.model import validate as validate_spec
@@ -592,7 +593,7 @@ def worker(hp: Hp, monkeypatch: pytest.MonkeyPatch):
     finish: dict[str, Any] = {}
 
     def popen(argv: list[str], **kw: Any) -> subprocess.Popen:
-        assert argv[1:3] == ["-m", "orchestrator.health.worker"]
+        assert argv[1:3] == ["-m", "orchestrator.health.requests.worker"]
         name, rid = argv[3], argv[4]
         if finish:
             rec = Records(hp.w.env.store)

@@ -12,16 +12,16 @@ import json
 import pytest
 from fakes import H200_UUID, gpu_host, h200_uuid, probe_output, spec_doc, world
 
-from orchestrator.cluster import capacity
-from orchestrator.cluster.context import Cluster
 from orchestrator.cluster.create import CreateOptions, create
-from orchestrator.cluster.gpunodes import current_gres_conf
 from orchestrator.cluster.scaling import scale
+from orchestrator.core import capacity
+from orchestrator.core.context import Cluster
 from orchestrator.docker.engine import DockerEngine
 from orchestrator.docker.views import ContainerSpec, ExecResult
 from orchestrator.errors import BadInput, EngineError, EngineUnavailable
-from orchestrator.gpu import host
-from orchestrator.gpu.host import HostGpuInfo, discover, parse_probe
+from orchestrator.gpu import inventory
+from orchestrator.gpu.gresconf import current_gres_conf
+from orchestrator.gpu.inventory import HostGpuInfo, discover, parse_probe
 from orchestrator.gpu.wiring import wire
 from orchestrator.recovery import actions
 from orchestrator.spec.model import validate
@@ -166,7 +166,7 @@ def test_parse_probe_gives_host_paths_and_cdi_devices():
     assert p.listing == ("/opt/nvidia/lib64/libnvidia-ml.so.1",)
     assert p.cdi_devices == ("nvidia.com/gpu=0", "nvidia.com/gpu=all")
     assert parse_probe(text, None).cdi_devices is None  # no CDI folder looked at
-    with pytest.raises(host.ProbeError, match="incomplete"):
+    with pytest.raises(inventory.ProbeError, match="incomplete"):
         parse_probe("==machine==\nx86_64\n", None)
 
 
@@ -346,7 +346,7 @@ def test_gpu_nodes_get_their_gpus_gres_and_gres_conf_before_they_start(tmp_path)
 
 def test_scale_up_and_replace_reconfigure_only_when_the_lines_change(tmp_path, monkeypatch):
     from orchestrator.agent.reconciler import GroupReconciler
-    from orchestrator.cluster.launcher import Launcher
+    from orchestrator.core.launcher import Launcher
 
     monkeypatch.setattr(actions, "POLL_S", 0.001)
     w = gpu_world(tmp_path, n=2)
@@ -366,7 +366,7 @@ def test_scale_up_and_replace_reconfigure_only_when_the_lines_change(tmp_path, m
 
 
 def test_a_gpu_node_does_not_start_when_slurmctld_cannot_be_reconfigured(tmp_path):
-    from orchestrator.cluster.launcher import Launcher
+    from orchestrator.core.launcher import Launcher
 
     w = gpu_world(tmp_path, n=2)
     make(w, [("gpu", "h200.1x", 1)])
@@ -431,7 +431,7 @@ def test_without_an_engine_the_last_discovery_stands(tmp_path):
 
 
 def test_a_bad_thresholds_file_is_refused_at_health_check_start(tmp_path, monkeypatch):
-    from orchestrator.health import service
+    from orchestrator.health.requests import service
 
     w = gpu_world(tmp_path)
     make(w, [("gpu", "h200.1x", 1)])

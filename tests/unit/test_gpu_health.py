@@ -1,4 +1,4 @@
-"""orchestrator.health.gpu judging the GPU check's JSON.
+"""orchestrator.gpu.judge judging the GPU check's JSON.
 
 The passing document is what hp_gpu_check.py prints from the REAL H200's NVML values
 (tests/fixtures/gpu-h200/nvml-snapshot.json, through FakeNvml) and its measured GEMM
@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 from gpu_fakes import FakeBackend, FakeNvml, fixture, h200_gpu, load_program
 
-from orchestrator.gpu.thresholds import load_thresholds
-from orchestrator.health.gpu import (
+from orchestrator.gpu.judge import (
     XID_TABLE,
     DcgmRun,
     Finding,
@@ -23,7 +22,8 @@ from orchestrator.health.gpu import (
     strongest,
     xid_policy,
 )
-from orchestrator.health.verdict import Verdict
+from orchestrator.gpu.thresholds import load_thresholds
+from orchestrator.verdict import Verdict
 
 chk = load_program("hp_gpu_check")
 TABLE = load_thresholds(env={})

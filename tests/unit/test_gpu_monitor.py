@@ -1,6 +1,6 @@
 """Passive GPU monitoring: the monitor program (hp_gpu_monitor.py, run here with FakeNvml
 answering the REAL H200's NVML values) and the pure decisions of
-orchestrator.health.gpumonitor. Each case says what it changed."""
+orchestrator.gpu.monitor. Each case says what it changed."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import threading
 import pytest
 from gpu_fakes import FakeNvml, h200_gpu, load_program
 
-from orchestrator.health.gpu import Finding
-from orchestrator.health.gpumonitor import (
+from orchestrator.gpu.judge import Finding
+from orchestrator.gpu.monitor import (
     REASON_MAX,
     MonitorState,
     Snapshot,

@@ -15,15 +15,15 @@ from gpu_fakes import FakeBackend, FakeNvml, h200_gpu, load_program
 from test_health_engine import STRESS_OK
 
 from orchestrator.agent.gpuwatch import GpuWatch
-from orchestrator.cluster import capacity
-from orchestrator.cluster.context import Cluster
 from orchestrator.cluster.create import CreateOptions, create
+from orchestrator.core import capacity
+from orchestrator.core.context import Cluster
 from orchestrator.docker.images import GPU_IMAGES
 from orchestrator.docker.views import ExecResult
-from orchestrator.health import engine as engine_mod
-from orchestrator.health.engine import Options, run_and_record
-from orchestrator.health.gpucheck import CHECK_PROGRAM, condemned_gpus
-from orchestrator.health.logic import claim
+from orchestrator.health.requests import runner as engine_mod
+from orchestrator.health.requests.decisions import claim
+from orchestrator.health.requests.gpu_check import CHECK_PROGRAM, condemned_gpus
+from orchestrator.health.requests.runner import Options, run_and_record
 from orchestrator.naming import L_WATCHES, monitor_name
 from orchestrator.recovery import actions
 from orchestrator.slurm.model import SlurmNode
@@ -183,7 +183,7 @@ def test_a_configured_dcgm_image_runs_dcgmi_with_the_nodes_gpus(w, monkeypatch):
 
 
 def test_condemned_gpus_by_index_else_all_of_the_nodes():
-    from orchestrator.health.gpu import Finding
+    from orchestrator.gpu.judge import Finding
 
     ecc = Finding("ecc-uncorrectable", "fatal", "replace", "GPU 1: ...", 1)
     missing = Finding("gpu-missing", "fatal", "replace", "1 GPU missing")

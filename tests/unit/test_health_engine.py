@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 from fakes import spec_doc, world
 
-from orchestrator.cluster.context import Cluster
 from orchestrator.cluster.create import CreateOptions, create
+from orchestrator.core.context import Cluster
 from orchestrator.docker.views import ExecResult
 from orchestrator.errors import BadInput, NotFound
-from orchestrator.health import engine as engine_mod
-from orchestrator.health import onstart, service
-from orchestrator.health.engine import Options, run_and_record
-from orchestrator.health.stress import RC_MARK, YAML_MARK, StressOptions
+from orchestrator.health.requests import onstart, service
+from orchestrator.health.requests import runner as engine_mod
+from orchestrator.health.requests.runner import Options, run_and_record
+from orchestrator.health.tools.stress import RC_MARK, YAML_MARK, StressOptions
 from orchestrator.recovery import actions
 from orchestrator.spec.model import validate
 from orchestrator.state.health_requests import Records
@@ -237,7 +237,7 @@ def test_on_start_checks_of_new_nodes(w):
 
 
 def test_worker_options_come_from_the_recorded_request():
-    from orchestrator.health.worker import options
+    from orchestrator.health.requests.worker import options
 
     o = options({"stress_seconds": 7, "vm_bytes": "1G", "dcgm_level": 3, "recovery_wait": 5})
     assert o.stress == StressOptions(7, "1G") and o.dcgm_level == 3 and o.recovery_wait == 5.0

@@ -7,12 +7,12 @@ import threading
 import pytest
 
 from orchestrator.docker.views import Limits as NodeLimits
-from orchestrator.health.gpu import Finding
-from orchestrator.health.gpumonitor import drain_reason
-from orchestrator.health.limits import CpuBudget, grant_problems, thresholds
-from orchestrator.health.logic import claim, implicated, ring_pairs, validate_checks
-from orchestrator.health.stress import StressOptions, judge, split_output, vm_bytes_for
-from orchestrator.health.stress import stress_command as _stress_command
+from orchestrator.gpu.judge import Finding
+from orchestrator.gpu.monitor import drain_reason
+from orchestrator.health.requests.decisions import claim, implicated, ring_pairs, validate_checks
+from orchestrator.health.tools.limits import CpuBudget, grant_problems, thresholds
+from orchestrator.health.tools.stress import StressOptions, judge, split_output, vm_bytes_for
+from orchestrator.health.tools.stress import stress_command as _stress_command
 from orchestrator.slurm.model import (
     DELETING_REASON,
     ONSTART_REASON,

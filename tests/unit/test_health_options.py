@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.health import options as O
-from orchestrator.health.stress import StressOptions, vm_bytes_for
-from orchestrator.health.stress import stress_command as _stress_command
+from orchestrator.health.tools import options as O
+from orchestrator.health.tools.stress import StressOptions, vm_bytes_for
+from orchestrator.health.tools.stress import stress_command as _stress_command
 
 INJECTION = "16M; echo INJECTED $(id -u) #"
 
@@ -213,7 +213,7 @@ def test_cli_injection_is_exit_2_and_touches_nothing(tmp_path, monkeypatch, caps
 def test_a_recorded_request_with_bad_options_touches_no_node(tmp_path, monkeypatch):
     """A request recorded before validation existed: the worker refuses it (exit 2)
     before it reads the cluster or Docker."""
-    from orchestrator.health import worker
+    from orchestrator.health.requests import worker
     from orchestrator.state.health_requests import Records
     from orchestrator.state.store import Store
 

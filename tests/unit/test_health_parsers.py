@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.health.dcgm import dcgmi_exit_reason, judge_dcgm, parse_dcgm
-from orchestrator.health.iperf import (
+from orchestrator.gpu.dcgm import dcgmi_exit_reason, judge_dcgm, parse_dcgm
+from orchestrator.gpu.nccl import judge_nccl, parse_nccl_tests
+from orchestrator.health.tools.iperf import (
     better,
     judge_iperf3,
     name_not_resolved,
@@ -17,10 +18,9 @@ from orchestrator.health.iperf import (
     parse_iperf3,
     run_verdict,
 )
-from orchestrator.health.mpi import judge_mpi_allreduce, parse_mpi_allreduce
-from orchestrator.health.nccl import judge_nccl, parse_nccl_tests
-from orchestrator.health.stress import explain_cpu_time, judge_stress, parse_stress_ng, stress_ng_exit_reason
-from orchestrator.health.verdict import ParseError
+from orchestrator.health.tools.mpi import judge_mpi_allreduce, parse_mpi_allreduce
+from orchestrator.health.tools.stress import explain_cpu_time, judge_stress, parse_stress_ng, stress_ng_exit_reason
+from orchestrator.verdict import ParseError
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 GiB = 1 << 30
@@ -605,7 +605,7 @@ MemAvailable:   20938100 kB
 
 
 def test_cgroup_memory_of_both_versions():
-    from orchestrator.health.stress import parse_cgroup_memory
+    from orchestrator.health.tools.stress import parse_cgroup_memory
 
     v1 = parse_cgroup_memory(fx("hp-stress-trixie-cgroup1-page-cache-220M.txt"))
     assert v1 is not None and v1.limit == 256 * 2**20 and v1.oom_kills == 0
@@ -623,7 +623,7 @@ def test_cgroup_memory_of_both_versions():
 
 
 def test_memory_stressor_is_sized_from_what_the_container_has():
-    from orchestrator.health.stress import StressOptions, parse_cgroup_memory, vm_bytes_for
+    from orchestrator.health.tools.stress import StressOptions, parse_cgroup_memory, vm_bytes_for
 
     cached = parse_cgroup_memory(fx("hp-stress-trixie-cgroup1-page-cache-220M.txt"))
     # 220 MiB of page cache in a 256 MiB cgroup: reclaimable, so 64M still fits untouched
@@ -647,7 +647,7 @@ def test_memory_stressor_is_sized_from_what_the_container_has():
 def test_a_stress_run_the_kernel_killed_is_no_verdict():
     """The real run (cgroup v1, trixie's stress-ng): the cgroup ran out of memory while
     stress-ng ran, the OOM killer killed 8 processes and stress-ng itself (exit 137)."""
-    from orchestrator.health.stress import judge, parse_cgroup_memory
+    from orchestrator.health.tools.stress import judge, parse_cgroup_memory
     from orchestrator.spec.catalogue import InstanceType
 
     nano = InstanceType("cpu.nano", 1, 0.05, 256)

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from fakes import FakeLines, spec_doc, world
 
-from orchestrator.cluster import lifecycle
-from orchestrator.cluster.context import Cluster
 from orchestrator.cluster.create import CreateOptions, create
-from orchestrator.cluster.launcher import Launcher
+from orchestrator.core import lifecycle
+from orchestrator.core.context import Cluster
+from orchestrator.core.launcher import Launcher
 from orchestrator.errors import BadInput, OperationFailed
 from orchestrator.spec.catalogue import load_catalogue
 from orchestrator.spec.lifecycle import MAX_FILES, TIMEOUT_DEFAULT, TIMEOUT_MAX

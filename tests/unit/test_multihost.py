@@ -12,12 +12,12 @@ import pytest
 from fakes import FakeProvider, multi_world, service_started, spec_doc, world
 
 from orchestrator.agent.reconciler import GroupReconciler
-from orchestrator.cluster import capacity, placement
-from orchestrator.cluster.context import Cluster
 from orchestrator.cluster.create import CreateOptions, create
 from orchestrator.cluster.delete import delete
-from orchestrator.cluster.launcher import Launcher
 from orchestrator.cluster.query import nodes
+from orchestrator.core import capacity, placement
+from orchestrator.core.context import Cluster
+from orchestrator.core.launcher import Launcher
 from orchestrator.docker import multihost as mh
 from orchestrator.docker.multihost import HostUnavailable, MultiHostProvider
 from orchestrator.docker.views import ContainerSpec, Event, ExecResult
@@ -29,9 +29,9 @@ from orchestrator.errors import (
     ObjectMissing,
     OperationFailed,
 )
-from orchestrator.health.logic import implicated, interleave_hosts, ring_pairs
-from orchestrator.hosts import watch as hostwatch
-from orchestrator.hosts.watch import HostWatch
+from orchestrator.health.requests.decisions import implicated, interleave_hosts, ring_pairs
+from orchestrator.hosts import hostwatch
+from orchestrator.hosts.hostwatch import HostWatch
 from orchestrator.recovery import actions
 from orchestrator.spec.catalogue import load_catalogue
 from orchestrator.spec.model import validate
@@ -555,7 +555,7 @@ def test_bad_hosts_are_refused_with_nothing_recorded(fleet):
 
 
 def test_removing_a_host_is_refused_while_a_controller_or_nodes_live_there(fleet, tmp_path):
-    from orchestrator.cluster.context import Env
+    from orchestrator.core.context import Env
     from orchestrator.hosts import registry
 
     store, engines = fleet
@@ -770,12 +770,12 @@ def no_fuse(spec):
 
 
 def test_the_probe_names_each_need_and_its_fix():
-    from orchestrator.hosts import probe
+    from orchestrator.core import hostprobe
 
     e = FakeProvider()
     e.images["base:1"] = "sha256:b"
     e.run_handler = no_fuse
-    (p,) = probe.problems(e, "base:1", None)
+    (p,) = hostprobe.problems(e, "base:1", None)
     assert "cannot hand containers /dev/fuse" in p and "modprobe fuse" in p and "--device /dev/fuse" in p
     s = e.runs[-1]
     assert s.devices == ["/dev/fuse:/dev/fuse:rwm"] and s.cap_add == ["SYS_ADMIN"] and s.network == "host"
@@ -787,11 +787,11 @@ def test_the_probe_names_each_need_and_its_fix():
         (9, "odd", "the probe container exited 9: odd"),
     ):
         e.run_handler = lambda spec, code=code, out=out: ExecResult(code, out)
-        got = probe.problems(e, "base:1", "10.0.0.1")
+        got = hostprobe.problems(e, "base:1", "10.0.0.1")
         assert (got == []) if want is None else (want in got[0]), (code, got)
     assert e.runs[-1].environment == {"HP_MANAGER": "10.0.0.1", "HP_PORTS": "2377 7946"}
     e.run_handler = lambda spec: (_ for _ in ()).throw(EngineError("boom"))
-    assert probe.problems(e, "base:1", None) == ["a probe container does not run there (boom)"]
+    assert hostprobe.problems(e, "base:1", None) == ["a probe container does not run there (boom)"]
 
 
 def test_hosts_add_refuses_a_host_without_dev_fuse_with_nothing_recorded(fleet):

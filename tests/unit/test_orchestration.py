@@ -12,13 +12,13 @@ from fakes import FakeProvider, spec_doc, world
 
 from orchestrator.agent.daemon import Agent
 from orchestrator.agent.reconciler import BACKOFF, GroupReconciler
-from orchestrator.cluster import capacity
-from orchestrator.cluster.context import Cluster
 from orchestrator.cluster.create import CreateOptions, create
 from orchestrator.cluster.delete import delete, remove_network
-from orchestrator.cluster.launcher import Launcher
 from orchestrator.cluster.query import describe, list_clusters, nodes
 from orchestrator.cluster.scaling import delete_nodes, scale
+from orchestrator.core import capacity
+from orchestrator.core.context import Cluster
+from orchestrator.core.launcher import Launcher
 from orchestrator.errors import BadInput, EngineError, NotFound, OperationFailed
 from orchestrator.spec.model import validate
 

@@ -9,8 +9,8 @@ import time
 import pytest
 from fakes import force_status, spec_doc, world
 
-from orchestrator.cluster.context import Cluster
 from orchestrator.cluster.create import CreateOptions, create
+from orchestrator.core.context import Cluster
 from orchestrator.docker.views import Event
 from orchestrator.errors import BadInput, EngineError, EngineUnavailable, OperationFailed
 from orchestrator.recovery import actions, by_hand

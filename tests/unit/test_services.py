@@ -17,10 +17,10 @@ import pytest
 from fakes import spec_doc, world
 
 from orchestrator.ci.logs import export_logs
-from orchestrator.cluster.context import Cluster
 from orchestrator.cluster.create import CreateOptions, create
 from orchestrator.cluster.delete import delete
 from orchestrator.cluster.query import describe
+from orchestrator.core.context import Cluster
 from orchestrator.docker.views import ExecResult
 from orchestrator.errors import BadInput, EngineError, OperationFailed
 from orchestrator.recovery import actions
@@ -28,10 +28,11 @@ from orchestrator.services import accounting, jwt
 from orchestrator.services.endpoints import REST_RELAY
 from orchestrator.services.front import Front
 from orchestrator.services.metrics import registry
-from orchestrator.services.watch import ServiceWatch
+from orchestrator.services.servicewatch import ServiceWatch
 from orchestrator.slurm.conf import render, slurmdbd_conf
 from orchestrator.slurm.model import AccountingPing, parse_accounting_ping, parse_job_states, parse_sacct, parse_token
 from orchestrator.spec.model import ACCOUNTING_DEFAULT, REST_DEFAULT, validate, with_overrides
+from orchestrator.state.health_requests import Records
 
 
 def make(w, name="lab", **top):
@@ -174,7 +175,7 @@ def test_parsers():
 
 # -- bringing services back -----------------------------------------------------------------------
 def test_watch_brings_a_dead_database_back_and_records_it(tmp_path, monkeypatch):
-    monkeypatch.setattr("orchestrator.services.watch.SETTLE_S", 0)
+    monkeypatch.setattr("orchestrator.services.servicewatch.SETTLE_S", 0)
     w = world(tmp_path)
     c = make(w)
     w.provider.kill("hp-lab-mariadb")
@@ -193,7 +194,7 @@ def test_watch_brings_a_dead_database_back_and_records_it(tmp_path, monkeypatch)
 
 
 def test_watch_restarts_a_hung_service_after_a_while_and_reports_health_changes(tmp_path, monkeypatch):
-    monkeypatch.setattr("orchestrator.services.watch.SETTLE_S", 0)
+    monkeypatch.setattr("orchestrator.services.servicewatch.SETTLE_S", 0)
     w = world(tmp_path)
     make(w)
     watch = ServiceWatch(w.env, "lab")
@@ -211,7 +212,7 @@ def test_watch_restarts_a_hung_service_after_a_while_and_reports_health_changes(
 
 
 def test_a_service_that_does_not_come_back_is_retried_later(tmp_path, monkeypatch):
-    monkeypatch.setattr("orchestrator.services.watch.SETTLE_S", 0)
+    monkeypatch.setattr("orchestrator.services.servicewatch.SETTLE_S", 0)
     w = world(tmp_path)
     make(w)
     w.provider.kill("hp-lab-mariadb")
@@ -398,7 +399,10 @@ def test_metrics_families_parse_and_count(tmp_path):
     w.slurm.job_states_ = {("RUNNING", "cpu"): 2, ("PENDING", "dev"): 1}
     w.env.store.set_phase("lab", "cpu-2", "Rebooting", "x")
     w.env.store.set_phase("lab", "cpu-2", "Running")
-    fams = {f.name: f for f in text_string_to_metric_families(generate_latest(registry(c)).decode())}
+    fams = {
+        f.name: f
+        for f in text_string_to_metric_families(generate_latest(registry(c, Records(c.store).summary)).decode())
+    }
     assert {
         "slurm_controller_up",
         "slurm_nodes",
@@ -430,7 +434,10 @@ def test_metrics_families_parse_and_count(tmp_path):
     assert samples("hp_accounting_healthy") == {(("reason", ""),): 1}
     w.slurm.up = False  # Slurm does not answer: said so, hp's own still served
     c2 = Cluster(w.env, "lab")
-    fams = {f.name: f for f in text_string_to_metric_families(generate_latest(registry(c2)).decode())}
+    fams = {
+        f.name: f
+        for f in text_string_to_metric_families(generate_latest(registry(c2, Records(c2.store).summary)).decode())
+    }
     assert fams["slurm_controller_up"].samples[0].value == 0 and fams["hp_nodes"].samples
 
 
@@ -503,7 +510,7 @@ def test_endpoints_serve_on_recorded_ports_and_survive_a_restart(tmp_path, monke
 
     w = world(tmp_path)
     c = make(w, Rest={"Enabled": True})
-    ep = Endpoints(w.env, "lab")
+    ep = Endpoints(w.env, "lab", Records(w.env.store).summary)
     ep.start()
     try:
         murl, rurl = wait_url(w.env.store, "lab", "metrics"), wait_url(w.env.store, "lab", "rest")
@@ -538,7 +545,7 @@ def test_endpoints_serve_on_recorded_ports_and_survive_a_restart(tmp_path, monke
         assert e.value.code == 0 and json.loads(capsys.readouterr().out) == {"ClusterName": "lab", "Url": murl}
     finally:
         ep.close()
-    ep = Endpoints(w.env, "lab")  # the agent again: the same URLs
+    ep = Endpoints(w.env, "lab", Records(w.env.store).summary)  # the agent again: the same URLs
     ep.start()
     ep.close()
     assert (url(w.env.store, "lab", "metrics"), url(w.env.store, "lab", "rest")) == (murl, rurl)
@@ -548,7 +555,7 @@ def test_endpoints_serve_on_recorded_ports_and_survive_a_restart(tmp_path, monke
     blocker.bind(("127.0.0.1", int(murl.split(":")[2].split("/")[0])))
     blocker.listen()
     try:
-        ep = Endpoints(w.env, "lab")
+        ep = Endpoints(w.env, "lab", Records(w.env.store).summary)
         ep.start()
         ep.close()
         assert url(w.env.store, "lab", "metrics") != murl

@@ -10,8 +10,8 @@ import itertools
 import pytest
 from fakes import force_status, spec_doc, world
 
-from orchestrator.cluster.context import Cluster
 from orchestrator.cluster.create import CreateOptions, NoProgress, create, rollback
+from orchestrator.core.context import Cluster
 from orchestrator.errors import InvalidTransition
 from orchestrator.spec.model import validate
 from orchestrator.state import transitions

@@ -1,6 +1,7 @@
 """What every health-check tool module returns: a Verdict (passed, reasons, figures),
-and the parsing helpers they share. Each tool module (stress, iperf, mpi, nccl, dcgm,
-gpu) holds both the command it runs and the parser/judge of that tool's output; parsers
+and the parsing helpers they share. Each tool module (health/tools: stress, iperf, mpi;
+gpu/: nccl, dcgm, judge) holds both the command it runs and the parser/judge of that
+tool's output; parsers
 raise ParseError when a text is not that tool's output at all, judges never raise."""
 
 from __future__ import annotations

@@ -28,12 +28,16 @@ import secrets
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
+from ..docker.images import LOCAL_BASE, PULL_BASE
+from ..docker.provider import Provider
+from ..docker.views import ContainerSpec
 from ..errors import TRANSIENT
 from ..naming import L_MANAGED, L_ROLE
+from ..state.store import Store
 from .discovery import (
     DiscoveryError,
     DriverFile,
@@ -45,10 +49,6 @@ from .discovery import (
     parse_nvidia_smi_xml,
 )
 from .wiring import CDI_KIND, GpuWiring, GpuWiringError, choose_mode, wire
-
-if TYPE_CHECKING:  # pragma: no cover
-    from ..docker.provider import Provider
-    from ..state.store import Store
 
 log = logging.getLogger("hp.gpu")
 
@@ -321,8 +321,6 @@ def from_env(value: str, engine: str, cpus: int, memory_mib: int) -> HostGpuInfo
 def probe_image(provider: Provider) -> str | None:
     """An image of hp's to run the probe in: the base image (which `hp images build`
     makes first), or the worker image."""
-    from ..docker.images import LOCAL_BASE, PULL_BASE
-
     for ref in (f"{PULL_BASE[0]}:{PULL_BASE[1]}", LOCAL_BASE, "hp-worker:latest"):
         if provider.image_id(ref) is not None:
             return ref
@@ -330,8 +328,6 @@ def probe_image(provider: Provider) -> str | None:
 
 
 def _probe_spec(image: str, driver_dir: str | None, cdi_dirs: Sequence[str]) -> Any:
-    from ..docker.views import ContainerSpec
-
     binds = [f"{p}:/host{p}:ro" for p in ("/dev", "/etc", "/usr/bin", "/usr/local")]
     inner = ""
     if driver_dir:
@@ -352,8 +348,6 @@ def _probe_spec(image: str, driver_dir: str | None, cdi_dirs: Sequence[str]) -> 
 
 
 def _smi_spec(image: str, wiring: GpuWiring) -> Any:
-    from ..docker.views import ContainerSpec
-
     return ContainerSpec(
         name=f"hp-gpu-probe-{secrets.token_hex(4)}",
         image=image,

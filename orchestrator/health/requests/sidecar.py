@@ -6,10 +6,10 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 
-from ..cluster.context import Cluster
-from ..docker.views import Container, ContainerSpec, ExecResult, Limits
-from ..gpu.wiring import GpuWiring
-from ..naming import L_REQUEST, L_ROLE, labels
+from ...core.context import Cluster
+from ...docker.views import Container, ContainerSpec, ExecResult, Limits
+from ...gpu.wiring import GpuWiring
+from ...naming import L_REQUEST, L_ROLE, labels
 
 
 @dataclass

@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from ..spec.catalogue import InstanceType
+from ...spec.catalogue import InstanceType
+from ...verdict import ParseError, Verdict, num, verdict
 from . import options
 from .limits import thresholds
-from .verdict import ParseError, Verdict, num, verdict
 
 YAML_MARK = "@@HP-STRESS-YAML@@"
 RC_MARK = "@@HP-STRESS-RC="

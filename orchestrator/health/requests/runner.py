@@ -16,24 +16,21 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from .. import waits
-from ..cluster import capacity
-from ..cluster.context import Cluster, parallel
-from ..docker.images import CHECK_IMAGES
-from ..errors import TRANSIENT, OperationFailed, report_bug
-from ..recovery import actions as recovery
-from ..slurm.model import ONSTART_REASON, SlurmNode, health_reason, is_health_reason
-from ..spec.catalogue import InstanceType
-from ..state.health_requests import Records, Result, output_dir
-from ..state.phases import Phase
-from ..state.transitions import RequestState
-from . import sidecar
-from .connectivity import run_connectivity
-from .gpu import FAILING, strongest
-from .gpucheck import GpuCheckOptions, run_gpu_check
-from .limits import CpuBudget, grant_problems
-from .logic import Outcome, claim
-from .stress import (
+from ... import waits
+from ...core import capacity
+from ...core.context import Cluster, parallel
+from ...docker.images import CHECK_IMAGES
+from ...errors import TRANSIENT, OperationFailed, report_bug
+from ...gpu.judge import FAILING, strongest
+from ...recovery import actions as recovery
+from ...slurm.model import ONSTART_REASON, SlurmNode, health_reason, is_health_reason
+from ...spec.catalogue import InstanceType
+from ...state.health_requests import Records, Result, output_dir
+from ...state.phases import Phase
+from ...state.transitions import RequestState
+from ...verdict import Verdict
+from ..tools.limits import CpuBudget, grant_problems
+from ..tools.stress import (
     MEMORY_COMMAND,
     StressOptions,
     cpu_instances,
@@ -42,7 +39,10 @@ from .stress import (
     stress_command,
     vm_bytes_for,
 )
-from .verdict import Verdict
+from . import sidecar
+from .connectivity import run_connectivity
+from .decisions import Outcome, claim
+from .gpu_check import GpuCheckOptions, run_gpu_check
 
 log = logging.getLogger("hp.health")
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import waits
-from ..state.store import Store
+from ..state.store import Store, hp_home
 from ..state.transitions import ClusterStatus
 
 DEAD_STATUSES = (ClusterStatus.DELETING, ClusterStatus.FAILED, ClusterStatus.ROLLING_BACK)
@@ -32,14 +32,12 @@ def paths(home: Path, name: str) -> tuple[Path, Path, Path]:
 
 
 class AgentProcesses:
-    """The Agents interface (cluster/context.py) on real processes."""
+    """The Agents interface (core/context.py) on real processes."""
 
     def __init__(self, store: Store | None = None):
         self._store = store
 
     def _home(self) -> Path:
-        from ..state.store import hp_home
-
         return self._store.home if self._store is not None else hp_home()
 
     @contextmanager

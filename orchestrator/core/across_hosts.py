@@ -14,17 +14,14 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
+from ..docker.images import MULTIHOST_IMAGES
 from ..docker.views import ContainerSpec
 from ..errors import EngineError, EngineUnavailable, OperationFailed
-from ..hosts import probe
 from ..naming import L_HOST, fileserver_name, labels, network_name, shared_volume
 from ..spec.model import ClusterSpec
-from .context import Cluster, parallel
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .context import Env
+from . import hostprobe
+from .context import Cluster, Env, parallel
 
 log = logging.getLogger("hp")
 
@@ -33,7 +30,7 @@ FILESERVER_MEMORY = 512 << 20
 
 def host_problems(env: Env, log: Callable[[str], None]) -> list[str]:
     """Create's preflight on registered hosts: every reachable host nodes may be placed
-    on still runs them (hosts/probe.py, as `hp hosts add` checked), probed at once,
+    on still runs them (core/hostprobe.py, as `hp hosts add` checked), probed at once,
     before any image is streamed or any container made."""
     p = env.provider
     down = p.unreachable()
@@ -43,7 +40,7 @@ def host_problems(env: Env, log: Callable[[str], None]) -> list[str]:
 
     def one(h: str) -> list[str]:
         try:
-            return [f"host {h} cannot run hp's nodes now: {x}" for x in probe.problems(p, ref, None, h)]
+            return [f"host {h} cannot run hp's nodes now: {x}" for x in hostprobe.problems(p, ref, None, h)]
         except EngineUnavailable as ex:  # gone meanwhile: placement leaves it out
             log(f"host {h}: {str(ex).splitlines()[0][:200]}")
             return []
@@ -102,7 +99,7 @@ def fileserver_spec(cluster: Cluster, image: str, host: str) -> ContainerSpec:
 
 def controller_host_of(cluster: Cluster) -> str:
     """The host the controller was placed on (else the first registered host)."""
-    placed = cluster.placements().get(cluster.controller_host)
+    placed = cluster.placements().get(cluster.controller_node)
     return placed or next(iter(cluster.p.engines()))
 
 
@@ -126,8 +123,6 @@ def ensure_fileserver(cluster: Cluster, image: str | None = None) -> str | None:
             p.start(here.id)
         return here.id
     if image is None:
-        from ..docker.images import MULTIHOST_IMAGES
-
         image = cluster.env.images.refs(MULTIHOST_IMAGES)["fileserver"]
     try:
         cid = p.create_container(fileserver_spec(cluster, image, host))

@@ -39,14 +39,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..cluster.context import Cluster, Env
-from ..cluster.multihost import controller_host_of, ensure_fileserver
+from ..core.across_hosts import controller_host_of, ensure_fileserver
+from ..core.context import Cluster, Env
 from ..errors import TRANSIENT, EngineError, EngineUnavailable, report_bug
-from ..naming import node_id
+from ..naming import group_prefix, node_id
+from ..recovery import actions
 from ..state.phases import Phase, allowed
 from ..state.store import iso
 from ..state.transitions import ClusterStatus
-from .registry import record_lost
+from .registry import _manager, record_lost
 
 log = logging.getLogger("hp.hosts")
 
@@ -67,8 +68,6 @@ Replace = Callable[[Cluster, str, str, float], bool]
 
 
 def _replace(cluster: Cluster, node: str, why: str, wait: float) -> bool:
-    from ..recovery import actions
-
     return actions.replace(cluster, node, why, wait)
 
 
@@ -153,8 +152,6 @@ class HostWatch:
     def _swarm_states(self) -> dict[str, str]:
         """Hosts whose swarm node a manager sees Down (their engine may still answer):
         fenced in the registry (no node is placed there) until Ready again."""
-        from ..hosts.registry import _manager
-
         store = self.env.store
         try:
             _, mgr, _ = _manager(store)
@@ -185,7 +182,7 @@ class HostWatch:
             return
         log.warning("host %s lost (%s): nodes %s", host, why, ", ".join(ours))
         at = iso(since)
-        if c.controller_host in ours:
+        if c.controller_node in ours:
             msg = (
                 f"{CONTROLLER_LOST} {host} does not answer ({why}) since {at}: Slurm is down until it returns; "
                 "the cluster comes back with its state then (one controller per cluster, as in HyperPod)"
@@ -315,7 +312,5 @@ class HostWatch:
 
 
 def _group_of(c: Cluster, node: str) -> str:
-    from ..naming import group_prefix
-
     prefix = group_prefix(node)
     return next((g.InstanceGroupName for g in c.spec.InstanceGroups if g.InstanceGroupName.lower() == prefix), "")

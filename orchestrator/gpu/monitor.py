@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..slurm.model import GPU_MONITOR_PREFIX
-from .gpu import FAILING, Finding, strongest, xid_finding
+from .judge import FAILING, Finding, strongest, xid_finding
 
 DRAIN_PREFIX = GPU_MONITOR_PREFIX
 REASON_MAX = 200

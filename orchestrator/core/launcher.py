@@ -4,14 +4,14 @@ image is not. Only the engine's errors are classified; anything else is a bug an
 up to the caller's failure policy.
 
 GPU nodes: capacity picks the node's GPUs (one model), the host's discovery
-(gpu/host.py) says how to give them (wiring: NVIDIA runtime, CDI or device nodes plus
+(gpu/inventory.py) says how to give them (wiring: NVIDIA runtime, CDI or device nodes plus
 the driver's files), the node registers with `Gres=gpu:<model>:N`, and the
 controller's gres.conf gets its lines, with `scontrol reconfigure`, before its slurmd
-starts (cluster/gpunodes.py).
+starts (gpu/gresconf.py).
 
 Lifecycle scripts (LifeCycleConfig): the group's folder and the node's facts go into
 the container with its other files; start() then waits for the script, which the
-node's entry runs before its Slurm daemon (cluster/lifecycle.py), and a failure is the
+node's entry runs before its Slurm daemon (core/lifecycle.py), and a failure is the
 node's LaunchError. Both launch paths (hp create, the agent's reconciler) and replace
 start nodes here, so the script runs on every new node the same way."""
 
@@ -22,6 +22,7 @@ import time
 
 from ..docker.views import ContainerSpec
 from ..errors import EngineError, EngineUnavailable, InsufficientCapacity, LaunchError, OperationFailed
+from ..gpu import gresconf
 from ..gpu.gres import GresError, slurmd_conf_gres
 from ..gpu.wiring import GpuWiring, GpuWiringError
 from ..naming import (
@@ -42,7 +43,7 @@ from ..naming import (
 from ..slurm.conf import slurmd_conf
 from ..slurm.model import ONSTART_REASON
 from ..spec.model import InstanceGroup
-from . import capacity, gpunodes, lifecycle, placement
+from . import capacity, lifecycle, placement
 from .context import SLURM_UID, Cluster, parallel
 
 log = logging.getLogger("hp")
@@ -205,7 +206,7 @@ class Launcher:
         c = self.c
         cids = {n: cid for n, cid in gpu_nodes.items() if isinstance(cid, str)}
         try:
-            written = gpunodes.write_gres_conf(c, list(cids))
+            written = gresconf.write_gres_conf(c, list(cids))
         except (EngineError, GresError) as e:
             for n, cid in cids.items():
                 c.p.remove_container(cid)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from .verdict import ParseError, Verdict, num, verdict
+from ..verdict import ParseError, Verdict, num, verdict
 
 # --------------------------------------------------------------------------
 # nccl-tests

@@ -2,10 +2,10 @@
 
 With registered hosts there is one pool per host (`pools`): a node fits on one host,
 and the pool of a type is the sum over the hosts (`ceiling` per host, summed by
-cluster/create.py); placement (cluster/placement.py) picks the host.
+cluster/create.py); placement (core/placement.py) picks the host.
 
 By default the pool is the Docker host's real CPUs (x4, see below), memory and GPUs (each GPU backs
-one node at a time; found by orchestrator/gpu/host.py, or HP_GPUS for tests); an admin can cap how many nodes of a type may run
+one node at a time; found by orchestrator/gpu/inventory.py, or HP_GPUS for tests); an admin can cap how many nodes of a type may run
 (`hp capacity set TYPE N`). Usage is counted from the containers that exist (Docker
 labels are the truth), under a host-wide lock so two launchers can't both take the
 last slot.
@@ -23,7 +23,8 @@ from pathlib import Path
 
 from ..docker.provider import Provider
 from ..docker.views import Container
-from ..errors import TRANSIENT, InsufficientCapacity
+from ..errors import TRANSIENT, BadInput, InsufficientCapacity
+from ..gpu.inventory import discover
 from ..spec.catalogue import InstanceType
 from ..state.store import Store
 
@@ -83,7 +84,6 @@ def host_pool(provider: Provider, store: Store | None, gpus_too: bool = True) ->
     factor = float(os.environ.get("HP_CPU_OVERCOMMIT", DEFAULT_CPU_OVERCOMMIT))
     if store is None and not gpus_too:
         return Pool(cpus=float(info.cpus) * factor, memory_mib=info.memory_mib, gpus=[], gpu_models={}, gpu_note="")
-    from ..gpu.host import discover
 
     try:
         g = discover(provider, store)
@@ -312,8 +312,6 @@ def set_limit_checked(
     store: Store, catalogue: dict[str, InstanceType], itype: str, count: int | None, clear: bool
 ) -> None:
     """`hp capacity set`: every problem at once (BadInput), else the new limit."""
-    from ..errors import BadInput
-
     problems = []
     if itype not in catalogue:
         problems.append(f"unknown instance type {itype!r} (known: {', '.join(sorted(catalogue))})")

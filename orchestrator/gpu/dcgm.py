@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .verdict import ParseError, Verdict, json_object, obj, verdict
+from ..verdict import ParseError, Verdict, json_object, obj, verdict
 
 # --------------------------------------------------------------------------
 # DCGM

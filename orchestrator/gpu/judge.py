@@ -30,11 +30,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..gpu.discovery import clock_event_names, short_model
-from ..gpu.thresholds import DEFAULT_TOLERANCE, GpuThresholds
+from ..verdict import ParseError, Verdict
 from .dcgm import judge_dcgm, parse_dcgm
+from .discovery import clock_event_names, short_model
 from .nccl import parse_nccl_tests
-from .verdict import ParseError, Verdict
+from .thresholds import DEFAULT_TOLERANCE, GpuThresholds
 
 SEVERITIES = ("info", "warning", "error", "fatal")
 ACTIONS = ("none", "monitor", "reboot", "replace")
@@ -153,7 +153,7 @@ class GpuVerdict:
     notes: list[str] = field(default_factory=list)
 
     def verdict(self) -> Verdict:
-        """The health package's common Verdict (passed, reasons, figures)."""
+        """The common Verdict of every check tool (orchestrator/verdict.py)."""
         return Verdict(self.passed, list(self.reasons), dict(self.figures))
 
     def by_code(self, code: str) -> list[Finding]:

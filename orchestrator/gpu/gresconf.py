@@ -14,14 +14,31 @@ are dropped at the next rewrite.
 from __future__ import annotations
 
 import logging
+from typing import Protocol
 
+from ..docker.provider import Provider
 from ..docker.views import Container
 from ..errors import ObjectMissing
-from ..gpu.gres import GresError, GresNode, gres_conf, lines_changed
 from ..naming import L_GPU_DEVICES, L_GPU_MODEL
-from .context import Cluster
+from .gres import GresError, GresNode, gres_conf, lines_changed
 
 log = logging.getLogger("hp")
+
+
+class Cluster(Protocol):
+    """What gres.conf needs of a cluster (core/context.py's Cluster): its name, its
+    containers, its controller's container and the Provider to reach it."""
+
+    name: str
+
+    @property
+    def p(self) -> Provider: ...
+
+    @property
+    def controller_container(self) -> str: ...
+
+    def containers(self) -> list[Container]: ...
+
 
 GRES_DIR = "/etc/slurm"
 GRES_FILE = "gres.conf"

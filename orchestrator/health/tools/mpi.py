@@ -6,7 +6,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .verdict import Verdict, num, verdict
+from ...verdict import Verdict, num, verdict
 
 # --------------------------------------------------------------------------
 # MPI allreduce check (healthchecks/cpu/mpi_allreduce.c)

@@ -9,25 +9,23 @@ import secrets
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
-from ..docker.images import Images
+from ..docker.images import MULTIHOST_IMAGES, NODE_IMAGES, Images
 from ..docker.provider import Provider
 from ..docker.views import Container
 from ..errors import TRANSIENT, BadInput, NotFound
+from ..gpu.inventory import HostGpuInfo, discover
 from ..naming import container_name
-from ..slurm.client import Slurm, SlurmCli
-from ..slurm.conf import controller_host
+from ..slurm.client import Slurm
+from ..slurm.conf import controller_node
 from ..spec.catalogue import InstanceType, load_catalogue
 from ..spec.model import ClusterSpec, InstanceGroup, validate
 from ..state.phases import Phase
 from ..state.store import Latest, Store
-
-if TYPE_CHECKING:  # pragma: no cover
-    from ..gpu.host import HostGpuInfo
 
 log = logging.getLogger("hp")
 T = TypeVar("T")
@@ -38,7 +36,7 @@ DEFAULT_UID = 1000
 
 
 class Agents(Protocol):
-    """The per-cluster background agents (agent/process.py; a no-op fake in unit tests)."""
+    """The per-cluster background agents (core/agents.py; a no-op fake in unit tests)."""
 
     def ensure(self, name: str) -> dict: ...
 
@@ -51,25 +49,16 @@ class Agents(Protocol):
 
 @dataclass
 class Env:
-    """Process-wide handles, made once per command and passed down (no globals). The
-    provider, unless given: the local engine, or with registered hosts (`hp hosts add`)
-    a MultiHostProvider over them (hosts/registry.py)."""
+    """Process-wide handles, made once per process and passed down (no globals): a plain
+    holder of its parts. Which parts hp runs with (the provider, the Slurm client, the
+    store, the agents) is decided in one place, orchestrator/assembly.py; unit tests give
+    fakes."""
 
-    provider: Provider = None  # type: ignore[assignment]
-    store: Store = field(default_factory=Store)
-    slurm_factory: Callable[[Provider, str], Slurm] = SlurmCli
-    agents: Agents = None  # type: ignore[assignment]  # default: real agent processes of `store`
+    provider: Provider
+    store: Store
+    slurm_factory: Callable[[Provider, str], Slurm]
+    agents: Agents
     catalogue_file: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.provider is None:
-            from ..hosts.registry import provider_for
-
-            self.provider = provider_for(self.store)
-        if self.agents is None:
-            from ..agent.process import AgentProcesses
-
-            self.agents = AgentProcesses(self.store)
 
     @cached_property
     def catalogue(self) -> dict[str, InstanceType]:
@@ -95,15 +84,11 @@ class Env:
     def node_image_defs(self) -> tuple:
         """The images nodes run: with hosts, the login and worker images that mount /home
         from the cluster's file server, and that server."""
-        from ..docker.images import MULTIHOST_IMAGES, NODE_IMAGES
-
         return NODE_IMAGES + (MULTIHOST_IMAGES if self.multihost else ())
 
     def gpus(self, refresh: bool = False, host: str = "") -> HostGpuInfo:
-        """A Docker host's GPUs (gpu/host.py: discovery cached in the store, or HP_GPUS):
+        """A Docker host's GPUs (gpu/inventory.py: discovery cached in the store, or HP_GPUS):
         the one engine's, or a registered host's (the first one when `host` is "")."""
-        from ..gpu.host import discover
-
         engines = self.provider.engines()
         engine = engines.get(host) or next(iter(engines.values()))
         return discover(engine, self.store, refresh=refresh)
@@ -150,12 +135,18 @@ class Cluster:
         return self.spec
 
     @property
+    def controller_node(self) -> str:
+        """The controller's Slurm node name (a "host" in hp is a Docker host only)."""
+        return controller_node(self.spec)
+
+    @property
     def controller_host(self) -> str:
-        return controller_host(self.spec)
+        """controller_node's old name, still read by cluster/create.py and core/launcher.py."""
+        return self.controller_node
 
     @property
     def controller_container(self) -> str:
-        return container_name(self.name, self.controller_host)
+        return container_name(self.name, self.controller_node)
 
     @cached_property
     def slurm(self) -> Slurm:

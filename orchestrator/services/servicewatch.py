@@ -18,7 +18,7 @@ import threading
 import time
 
 from .. import waits
-from ..cluster.context import Cluster, Env
+from ..core.context import Cluster, Env
 from ..errors import TRANSIENT, OperationFailed
 from ..naming import SERVICE_HOSTS
 from ..state.transitions import ClusterStatus

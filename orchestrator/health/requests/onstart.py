@@ -3,7 +3,7 @@ checked before they take jobs.
 
 The nodes register drained (the Launcher adds `State=DRAIN Reason=ONSTART_REASON` to
 their `slurmd -Z --conf`), so no job can land on them before the check. The cluster's
-agent (OnStartQueue, orchestrator/agent/onstart.py) calls check_new_nodes(cluster, nodes) on its
+agent (OnStartQueue, orchestrator/agent/onstart_queue.py) calls check_new_nodes(cluster, nodes) on its
 own thread once they joined Slurm. Each group's nodes become one recorded request
 (options `on_start: true`, shown by `hp health-check status`), run in the calling
 process: the on-start drain counts as hp's own, so a node that passes is resumed; one
@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import os
 
-from ..cluster.context import Cluster
-from ..errors import OperationFailed
-from ..naming import group_prefix
-from ..state.health_requests import Records
-from .engine import Options, run_and_record
-from .logic import Outcome
+from ...core.context import Cluster
+from ...errors import OperationFailed
+from ...naming import group_prefix
+from ...state.health_requests import Records
+from .decisions import Outcome
+from .runner import Options, run_and_record
+from .service import reap_dead
 
 
 class ClusterBusy(OperationFailed):
@@ -58,8 +59,6 @@ def check_new_nodes(cluster: Cluster, nodes: list[str], opts: Options | None = N
     rec = Records(cluster.store)
     verdicts: dict[str, Outcome] = {}
     for group, checks, ns, peers in plan(cluster, nodes):
-        from .service import reap_dead
-
         if (act := rec.active(cluster.name)) is not None:
             reap_dead(cluster.env, rec, act)
         rid = rec.new_request(cluster.name, checks, [group], ns, {"on_start": True})

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import threading
 
-from ..docker.views import Limits
-from ..spec.catalogue import InstanceType
+from ...docker.views import Limits
+from ...spec.catalogue import InstanceType
 
 # Used when a type has no HealthThresholds (see orchestrator/data/instance-types.yaml
 # for how the shipped figures were measured).

@@ -1,7 +1,7 @@
 """The GPU part of InstanceStress on a GPU node: hp's check program
 (healthchecks/gpu/hp_gpu_check.py) in hp's GPU check image, in a
 check container that shares the node's network and limits and is given the node's
-own GPUs (the node's wiring, gpu/host.py), judged by health/gpu.py.
+own GPUs (the node's wiring, gpu/inventory.py), judged by gpu/judge.py.
 
 DCGM runs only when a DCGM image is configured (HP_DCGM_IMAGE): `dcgmi diag -r N -j`
 in that image with the node's GPUs. Without one, the result says "DCGM not
@@ -18,16 +18,17 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ..cluster.context import Cluster
-from ..docker.images import GPU_IMAGES
-from ..docker.views import Container
-from ..errors import TRANSIENT, BadInput
-from ..gpu.thresholds import ThresholdsError, ThresholdTable, load_thresholds
-from ..gpu.wiring import GpuWiring, GpuWiringError
-from ..naming import L_GPU_MODEL, L_GPUS
-from ..spec.catalogue import InstanceType
-from . import dcgm, sidecar
-from .gpu import DcgmRun, Finding, GpuVerdict, judge_gpu_check, make_verdict
+from ...core.context import Cluster
+from ...docker.images import GPU_IMAGES
+from ...docker.views import Container
+from ...errors import TRANSIENT, BadInput
+from ...gpu import dcgm
+from ...gpu.judge import DcgmRun, Finding, GpuVerdict, judge_gpu_check, make_verdict
+from ...gpu.thresholds import ThresholdsError, ThresholdTable, load_thresholds
+from ...gpu.wiring import GpuWiring, GpuWiringError
+from ...naming import L_GPU_MODEL, L_GPUS
+from ...spec.catalogue import InstanceType
+from . import sidecar
 
 log = logging.getLogger("hp.health")
 

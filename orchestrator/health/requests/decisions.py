@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..slurm.model import SlurmNode, is_gpu_monitor_reason, is_health_reason
+from ...slurm.model import SlurmNode, is_gpu_monitor_reason, is_health_reason
 
 CHECKS = ("InstanceStress", "InstanceConnectivity")
 

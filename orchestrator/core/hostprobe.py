@@ -3,7 +3,7 @@
 reachable host (a host that lost it since is refused before any image is streamed or
 any container of the cluster made). Both refuse with exit 2, the reason and the fix.
 
-What login and compute nodes on a registered host need (cluster/launcher.py): the
+What login and compute nodes on a registered host need (core/launcher.py): the
 engine hands them /dev/fuse (they mount /home from the file server with a FUSE client)
 and lets them mount (CAP_SYS_ADMIN, AppArmor unconfined); and the host reaches a swarm
 manager on the swarm's TCP ports (2377 to join, 7946 for the overlay's gossip). The

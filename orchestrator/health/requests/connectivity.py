@@ -8,14 +8,16 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from .. import waits
-from ..cluster.context import Cluster, parallel
-from ..docker.views import ExecResult
-from ..spec.catalogue import InstanceType
-from . import iperf, mpi, nccl, sidecar
-from .limits import thresholds
-from .logic import implicated, interleave_hosts, ring_pairs
-from .verdict import Verdict
+from ... import waits
+from ...core.context import Cluster, parallel
+from ...docker.views import ExecResult
+from ...gpu import nccl
+from ...spec.catalogue import InstanceType
+from ...verdict import Verdict
+from ..tools import iperf, mpi
+from ..tools.limits import thresholds
+from . import sidecar
+from .decisions import implicated, interleave_hosts, ring_pairs
 
 SSH_PORT = 2222  # in the node's network namespace; the node's own sshd (if any) keeps 22
 KEY = "/root/.ssh/hp-health"

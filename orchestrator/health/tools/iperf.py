@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .verdict import ParseError, Verdict, json_object, num, obj, verdict
+from ...verdict import ParseError, Verdict, json_object, num, obj, verdict
 
 # --------------------------------------------------------------------------
 # iperf3

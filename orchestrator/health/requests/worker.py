@@ -1,17 +1,18 @@
 """The detached process that runs one health-check request:
-python -m orchestrator.health.worker CLUSTER REQUEST_ID"""
+python -m orchestrator.health.requests.worker CLUSTER REQUEST_ID"""
 
 from __future__ import annotations
 
 import sys
 import traceback
 
-from ..cluster.context import Cluster, Env
-from ..state.health_requests import Records
-from ..state.transitions import RequestState
-from . import options as option_rules
-from .engine import Options, run_and_record
-from .stress import StressOptions
+from ... import assembly
+from ...core.context import Cluster
+from ...state.health_requests import Records
+from ...state.transitions import RequestState
+from ..tools import options as option_rules
+from ..tools.stress import StressOptions
+from .runner import Options, run_and_record
 
 
 def options(o: dict) -> Options:
@@ -26,7 +27,7 @@ def options(o: dict) -> Options:
 
 
 def main(name: str, rid: str) -> int:
-    env = Env()
+    env = assembly.env()
     req = Records(env.store).request(rid)
     if req is None:
         print(f"no health check {rid}", file=sys.stderr)

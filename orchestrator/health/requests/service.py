@@ -9,17 +9,19 @@ import subprocess
 import sys
 from typing import Any
 
-from .. import waits
-from ..cluster.context import Cluster, Env
-from ..errors import BadInput, NotFound, OperationFailed, WaitTimeout
-from ..slurm.model import is_health_reason
-from ..state.health_requests import Records, Request, output_dir
-from ..state.phases import Phase
-from ..state.store import iso
-from ..state.transitions import ACTIVE, RequestState
-from . import options as option_rules
+from ... import waits
+from ...core.context import Cluster, Env
+from ...errors import BadInput, NotFound, OperationFailed, WaitTimeout
+from ...slurm.model import is_health_reason
+from ...state.health_requests import Records, Request, output_dir
+from ...state.phases import Phase
+from ...state.store import iso
+from ...state.transitions import ACTIVE, RequestState
+from ..tools import options as option_rules
 from . import sidecar
-from .logic import CHECKS, validate_checks
+from .decisions import CHECKS, validate_checks
+from .gpu_check import thresholds_checked
+from .runner import hand_back
 
 
 def option_problems(opts: dict[str, Any]) -> list[str]:
@@ -79,8 +81,6 @@ def start(
         if problems := option_rules.problems(options, node_memory_mib=mem, host_memory_mib=host):
             raise BadInput(problems, "invalid health-check request")
     if "InstanceStress" in checks and any(env.catalogue[g.InstanceType].gpus for g in map(cluster.group_of, gs)):
-        from .gpucheck import thresholds_checked
-
         thresholds_checked()  # GPU nodes are judged against it: a bad file is bad input, now
     rec = Records(env.store)
     if (act := rec.active(name)) is not None:
@@ -94,7 +94,7 @@ def start(
         )
     if detach:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator.health.worker", name, rid],
+            [sys.executable, "-m", "orchestrator.health.requests.worker", name, rid],
             start_new_session=True,
             stdin=subprocess.DEVNULL,
             stdout=open(rec_log(env, name, rid), "ab"),
@@ -130,7 +130,6 @@ def reap_dead(env: Env, rec: Records, r: Request) -> Request:
     if r.state in ACTIVE and r.pid and not alive(r.pid):
         # expect: another process may have reaped it meanwhile (said once)
         rec.set_state(r.id, RequestState.FAILED, "the health-check worker process died", expect=ACTIVE)
-        from .engine import hand_back
 
         try:
             hand_back(Cluster(env, r.cluster), r.id, r.nodes, bool(r.options.get("on_start")))

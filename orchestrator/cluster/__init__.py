@@ -1,0 +1,15 @@
+"""Operations on clusters, the face the CLI (and CI) use:
+
+- create.py: `create` (CreateOptions), `capacity_problems`, `has_gpus`;
+- delete.py: `delete`;
+- query.py: `list_clusters`, `describe`, `nodes`;
+- scaling.py: `scale`, `delete_nodes`; waiting.py: `wait_groups` (`hp scale --wait`);
+- exec.py: `exec_target`, `run_exec` (`hp exec`).
+
+They stand on the cluster core (orchestrator/core/) and the services, recovery, hosts
+and health packages; nothing below them imports this package.
+"""
+
+from . import create, delete, exec, query, scaling, waiting
+
+__all__ = ["create", "delete", "exec", "query", "scaling", "waiting"]
