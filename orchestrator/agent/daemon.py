@@ -33,6 +33,7 @@ from typing import Any
 
 from ..cluster.context import Cluster, Env
 from ..cluster.launcher import Launcher
+from ..cluster.reconciler import RESYNC, GroupReconciler
 from ..errors import TRANSIENT, EngineError, EngineUnavailable, bug_signature, guarded, report_bug
 from ..naming import SERVICE_HOSTS, group_prefix
 from ..slurm.model import SlurmNode
@@ -40,7 +41,6 @@ from ..spec.model import InstanceGroup
 from ..state.phases import Phase
 from .onstart import OnStartQueue
 from .process import DEAD_STATUSES, paths
-from .reconciler import RESYNC, GroupReconciler
 
 log = logging.getLogger("hp.agent")
 

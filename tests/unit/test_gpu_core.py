@@ -345,8 +345,8 @@ def test_gpu_nodes_get_their_gpus_gres_and_gres_conf_before_they_start(tmp_path)
 
 
 def test_scale_up_and_replace_reconfigure_only_when_the_lines_change(tmp_path, monkeypatch):
-    from orchestrator.agent.reconciler import GroupReconciler
     from orchestrator.cluster.launcher import Launcher
+    from orchestrator.cluster.reconciler import GroupReconciler
 
     monkeypatch.setattr(actions, "POLL_S", 0.001)
     w = gpu_world(tmp_path, n=2)

@@ -11,13 +11,13 @@ import threading
 import pytest
 from fakes import FakeProvider, multi_world, service_started, spec_doc, world
 
-from orchestrator.agent.reconciler import GroupReconciler
 from orchestrator.cluster import capacity, placement
 from orchestrator.cluster.context import Cluster
 from orchestrator.cluster.create import CreateOptions, create
 from orchestrator.cluster.delete import delete
 from orchestrator.cluster.launcher import Launcher
 from orchestrator.cluster.query import nodes
+from orchestrator.cluster.reconciler import GroupReconciler
 from orchestrator.docker import multihost as mh
 from orchestrator.docker.multihost import HostUnavailable, MultiHostProvider
 from orchestrator.docker.views import ContainerSpec, Event, ExecResult

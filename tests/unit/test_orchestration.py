@@ -11,13 +11,13 @@ import pytest
 from fakes import FakeProvider, spec_doc, world
 
 from orchestrator.agent.daemon import Agent
-from orchestrator.agent.reconciler import BACKOFF, GroupReconciler
 from orchestrator.cluster import capacity
 from orchestrator.cluster.context import Cluster
 from orchestrator.cluster.create import CreateOptions, create
 from orchestrator.cluster.delete import delete, remove_network
 from orchestrator.cluster.launcher import Launcher
 from orchestrator.cluster.query import describe, list_clusters, nodes
+from orchestrator.cluster.reconciler import BACKOFF, GroupReconciler
 from orchestrator.cluster.scaling import delete_nodes, scale
 from orchestrator.errors import BadInput, EngineError, NotFound, OperationFailed
 from orchestrator.spec.model import validate
@@ -208,7 +208,7 @@ def test_a_container_that_exits_at_start_is_retried_and_one_left_created_is_star
 
 
 def test_registration_timeout_fails_the_launch(tmp_path, monkeypatch):
-    import orchestrator.agent.reconciler as r
+    import orchestrator.cluster.reconciler as r
 
     w = world(tmp_path)
     make(w, NodeProvisioningMode="Continuous", groups=[("cpu", "cpu.nano", 1)])

@@ -11,8 +11,6 @@ import logging
 import os
 from collections.abc import Callable
 
-from ..cluster.context import Cluster, parallel
-from ..cluster.launcher import Launcher
 from ..docker.views import Container
 from ..errors import LaunchError, OperationFailed
 from ..naming import group_prefix, node_id, node_name, split_node
@@ -20,6 +18,8 @@ from ..slurm.model import REMOVING_REASON, SlurmNode
 from ..spec.model import InstanceGroup
 from ..state.phases import Backoff, History, Owner, Phase, owner
 from ..state.store import Latest
+from .context import Cluster, parallel
+from .launcher import Launcher
 
 log = logging.getLogger("hp.agent")
 
