@@ -12,8 +12,8 @@ starts (cluster/gpunodes.py).
 Lifecycle scripts (LifeCycleConfig): the group's folder and the node's facts go into
 the container with its other files; start() then waits for the script, which the
 node's entry runs before its Slurm daemon (cluster/lifecycle.py), and a failure is the
-node's LaunchError. Both launch paths (hp create, the agent's reconciler) and replace
-start nodes here, so the script runs on every new node the same way."""
+node's LaunchError. The launch path (reconciler.py: the agent's and hp create's) and
+replace start nodes here, so the script runs on every new node the same way."""
 
 from __future__ import annotations
 

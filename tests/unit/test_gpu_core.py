@@ -29,7 +29,7 @@ from orchestrator.spec.model import validate
 
 def make(w, groups, name="lab", **top):
     spec = validate(spec_doc(name, groups, login=False, **top), w.env.catalogue)
-    return create(w.env, spec, CreateOptions(timeout=5, register_timeout=2))
+    return create(w.env, spec, CreateOptions(timeout=5))
 
 
 def gpu_world(tmp_path, n=1, runtime=False, cpus=16, memory_mib=131072):

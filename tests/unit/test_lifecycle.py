@@ -240,7 +240,7 @@ def test_create_runs_the_script_on_every_node_but_the_controller_and_records_it(
     monkeypatch.setattr(lifecycle, "PAUSE_S", 0.001)
     w = world(tmp_path)
     entry(w, {}, polls_before=3)
-    create(w.env, lc_spec(w, tmp_path), CreateOptions(timeout=5, register_timeout=2))
+    create(w.env, lc_spec(w, tmp_path), CreateOptions(timeout=5))
     assert w.env.store.cluster("lab").status == "InService"
     for n in ("login-1", "cpu-1", "cpu-2"):
         f = w.provider.node("lab", n).files
@@ -255,7 +255,7 @@ def test_a_failing_script_rolls_an_all_or_nothing_create_back(tmp_path):
     w = world(tmp_path)
     entry(w, {"cpu-2": 3})
     with pytest.raises(OperationFailed) as e:
-        create(w.env, lc_spec(w, tmp_path), CreateOptions(timeout=5, register_timeout=2))
+        create(w.env, lc_spec(w, tmp_path), CreateOptions(timeout=5))
     assert "cpu-2: LifecycleScriptFailed: exit 3: step 3 done (script on_create.sh)" in str(e.value)
     assert w.provider.containers("lab") == []
     assert w.env.store.cluster("lab").status == "Failed"

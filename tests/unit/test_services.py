@@ -35,7 +35,7 @@ from orchestrator.spec.model import ACCOUNTING_DEFAULT, REST_DEFAULT, validate, 
 
 def make(w, name="lab", **top):
     spec = validate(spec_doc(name, **top), w.env.catalogue)
-    create(w.env, spec, CreateOptions(timeout=5, register_timeout=2))
+    create(w.env, spec, CreateOptions(timeout=5))
     return Cluster(w.env, name)
 
 
