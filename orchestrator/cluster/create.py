@@ -241,10 +241,12 @@ class Creating:
         ]
 
     def settle(self) -> None:
-        """Wait for what runs on threads (its error is not the one being handled)."""
+        """Before a rollback: the services' containers being made on a thread are waited
+        for (their error is not the one being handled); nodes still being started early
+        record nothing more (the rollback removes their containers, which ends their
+        starts: a lifecycle script is not waited for)."""
         self.services.settle()
-        if self.early is not None:
-            wait([self.early])
+        self.nodes.stopped = True
 
     def network(self) -> None:
         """The network, the volumes (with registered hosts: made on the host of the
@@ -305,7 +307,8 @@ class Creating:
             wait_controller(c, self.ctl, self.deadline)
         except LaunchError as e:
             if not (c.spec.continuous and e.retryable):
-                self.settle()
+                if self.early is not None:  # their outcome (a lifecycle script's event) first
+                    wait([self.early])
                 raise OperationFailed(f"controller {host}: {e}") from None
             self.ctl = self._retry_controller(e)
         self.rec.set(c.spec.controller.InstanceGroupName, host, Phase.RUNNING, event=f"Controller {host} is up")

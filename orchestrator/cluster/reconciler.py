@@ -401,6 +401,7 @@ class Launch:
         self.wanted = wanted
         self.rec_of = {node_name(g.InstanceGroupName, i): recs[g.InstanceGroupName] for g, i in wanted}
         self.made: dict[str, str] = {}  # node -> its container, once created
+        self.stopped = False  # a create being rolled back: starts still under way record nothing
 
     def create(self, files: FileMap | None = None) -> dict[str, str]:
         """Queued, then the containers; node -> container id of those made (the others failed)."""
@@ -418,6 +419,8 @@ class Launch:
         """Start these made nodes (default: all), in parallel."""
         todo = [(n, self.made[n]) for n in (self.made if nodes is None else nodes)]
         errors = parallel(lambda t: self.launcher.start(t[1]), todo)
+        if self.stopped:
+            return
         for (n, cid), err in zip(todo, errors, strict=True):
             r = self.rec_of[n]
             if err:
