@@ -33,6 +33,7 @@ from typing import Any
 
 from .. import assembly
 from ..cluster.create import has_gpus
+from ..cluster.reconciler import RESYNC, GroupReconciler
 from ..core.agents import DEAD_STATUSES, paths
 from ..core.context import Cluster, Env
 from ..core.launcher import Launcher
@@ -50,7 +51,6 @@ from ..state.phases import Phase
 from ..state.transitions import ClusterStatus
 from .gpuwatch import GpuWatch
 from .onstart_queue import OnStartQueue
-from .reconciler import RESYNC, GroupReconciler
 
 log = logging.getLogger("hp.agent")
 

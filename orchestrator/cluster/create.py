@@ -1,45 +1,54 @@
-"""`hp create`: an ordered list of named stages (as kind's create), with progress
-reported per stage and per group, and one rollback path.
+"""`hp create`: a list of named actions (as kind's create), with progress reported per
+action and per group, and one rollback path.
 
-Order: network, volumes and key; the controller (ready when `scontrol ping` answers);
-then login and compute groups in parallel. Their containers are created while the
-controller boots and started the moment it answers.
+The actions: network, volumes and key; the controller (with Accounting the database
+first: it boots while the other containers are made; slurmdbd starts once it is ready,
+and slurmctld right after slurmdbd: services/accounting.py); the login and compute
+nodes, recorded Queued and created while slurmctld boots through the reconciler's launch
+(reconciler.py: the agent's launch path), those with a lifecycle script started at once
+(their entry runs it, then waits for slurmctld), the others, and slurmrestd (Rest), the
+moment slurmctld answers `scontrol ping`; then the same reconciler's passive sync,
+in-process, until the nodes joined or the deadline passes. All-or-nothing: a node that
+cannot be provisioned fails the create (and rolls it back); continuous: the create
+returns once the login nodes are up, and the agent brings in the rest and retries what
+failed.
 
 With registered hosts (core/across_hosts.py): the images are made present on every
 host first (one stream from the local engine, fanned out); the network is a swarm
 overlay (`--encrypt-network`: proven to carry traffic, else the create fails); each
-node is placed on a host (core/placement.py); the /home file server starts on the
-controller's host right after the controller.
-controller boots and started the moment it answers. With Accounting, the database starts
-first and boots while the other containers are created; slurmdbd starts once it is ready,
-and slurmctld right after slurmdbd (services/accounting.py); slurmrestd (Rest) starts
-with the nodes.
+node is placed on a host (core/placement.py) and started at once (its overlay attachment
+overlaps the controller's boot); the /home file server starts on the controller's host
+right after the controller.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
 from typing import Protocol
 
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
+from .. import waits
 from ..core import capacity, placement
 from ..core.across_hosts import ensure_fileserver, host_problems, placement_problems, prove_traffic
-from ..core.context import Cluster, Env, parallel
+from ..core.context import Cluster, Env
 from ..core.launcher import Launcher
 from ..docker.images import CHECK_IMAGES, GPU_IMAGES, MULTIHOST_IMAGES, NODE_IMAGES, SERVICE_IMAGES
 from ..errors import BadInput, HpError, LaunchError, OperationFailed, WaitTimeout
 from ..health.requests.gpu_check import thresholds_checked
-from ..naming import container_name, database_volume, labels, network_name, node_name, shared_volume, state_volume
+from ..naming import container_name, database_volume, labels, network_name, shared_volume, state_volume
 from ..services.accounting import CreateServices, controller_files, forget_secrets
 from ..slurm.conf import render
-from ..spec.model import ClusterSpec, InstanceGroup
+from ..slurm.model import SlurmNode
+from ..spec.model import ClusterSpec
 from ..state.phases import Phase
 from ..state.transitions import ClusterStatus
 from .delete import remove_resources
+from .reconciler import GroupReconciler, Launch, Recorder, not_joined
 
 log = logging.getLogger("hp")
 
@@ -63,14 +72,7 @@ class CreateOptions:
     wait: bool = True
     timeout: float = 300.0
     retain: bool = False
-    register_timeout: float = 60.0
     encrypt_network: bool = False  # registered hosts only: an IPsec-encrypted overlay
-
-
-@dataclass
-class LaunchOutcome:
-    started: dict[str, str] = field(default_factory=dict)  # node -> container id
-    failed: dict[str, LaunchError] = field(default_factory=dict)
 
 
 def check_name_free(env: Env, name: str) -> None:
@@ -178,11 +180,14 @@ def create(env: Env, spec: ClusterSpec, opts: CreateOptions, progress: Progress 
 
 
 def _create_and_record(cluster: Cluster, images: dict[str, str], opts: CreateOptions, progress: Progress) -> None:
-    services = CreateServices(cluster, images)
+    name = cluster.name
+    making = Creating(cluster, images, opts, progress)  # makes nothing yet
     try:
-        _create(cluster, images, opts, progress, services)
+        for action, run in making.actions():
+            log.debug("create %s: %s", name, action)
+            run()
     except BaseException as e:  # every failure (^C too) ends in the one rollback path, then goes on up
-        services.settle()  # nothing may still be making a container while everything is removed
+        making.settle()  # nothing may still be making or starting a container while everything is removed
         msg = str(e) if isinstance(e, HpError) else f"{type(e).__name__}: {e}"
         if isinstance(e, KeyboardInterrupt):
             msg = "interrupted"
@@ -204,304 +209,271 @@ def rollback(cluster: Cluster, msg: str, retain: bool, progress: Progress) -> No
     env.store.set_status(name, ClusterStatus.FAILED, msg, expect=ClusterStatus.ROLLING_BACK)
 
 
-def _create(
-    cluster: Cluster,
-    images: dict[str, str],
-    opts: CreateOptions,
-    progress: Progress,
-    services: CreateServices | None = None,
-) -> None:
-    env, spec, name, p = cluster.env, cluster.spec, cluster.name, cluster.p
-    deadline = time.monotonic() + opts.timeout
-    progress.stage("network", "network, volumes and auth key")
-    p.create_network(network_name(name), labels(name, "network"), encrypted=opts.encrypt_network)
-    if cluster.multihost:  # volumes are made on the host of the container that mounts them
-        if opts.encrypt_network:
-            progress.stage("network", "proving the encrypted overlay carries traffic between hosts")
-            progress.stage("network", prove_traffic(cluster, images["worker"]))
-    else:
-        p.create_volume(state_volume(name), labels(name, "state"))
-        p.create_volume(shared_volume(name), labels(name, "shared"))
-        if spec.accounting:
-            p.create_volume(database_volume(name), labels(name, "database"))
-    cluster.make_key()
-    launcher = Launcher(cluster, images)
+class Creating:
+    """One cluster being made: its actions, in order, and what they share."""
 
-    conf = render(spec, env.catalogue).encode()
-    services = services or CreateServices(cluster, images)
-    if spec.accounting:
-        progress.stage("accounting", "database, then slurmdbd, before slurmctld")
-    services.begin(conf)  # the database boots while the other containers are created
-    progress.stage("controller", cluster.controller_host)
-    ctl_res = _start_controller(cluster, launcher, conf, images.get("fileserver"), start=not spec.accounting)
+    def __init__(self, cluster: Cluster, images: dict[str, str], opts: CreateOptions, progress: Progress):
+        self.c, self.images, self.opts, self.progress = cluster, images, opts, progress
+        self.deadline = time.monotonic() + opts.timeout
+        self.services = CreateServices(cluster, images)
+        self.launcher = Launcher(cluster, images)
+        self.rec = Recorder(cluster)
+        self.conf = b""
+        self.ctl = ""  # the controller's container
+        groups = [g for g in cluster.spec.InstanceGroups if g.node_type != "Controller"]
+        self.types = {g.InstanceGroupName: g.node_type for g in groups}
+        # the agent's reconcilers, one per group, driven here until the create is done
+        self.recs = {g.InstanceGroupName: GroupReconciler(cluster, g.InstanceGroupName, self.launcher) for g in groups}
+        self.nodes = Launch(self.launcher, self.recs, [(g, i) for g in groups for i in range(1, g.InstanceCount + 1)])
+        self.later: list[str] = []  # nodes started once slurmctld answers
+        self.early: Future[None] | None = None  # nodes started while it boots
 
-    # While slurmctld boots (with Accounting: while the database boots), create every other node's container.
-    wanted = [(g, i) for g in spec.InstanceGroups if g.node_type != "Controller" for i in range(1, g.InstanceCount + 1)]
-    groups = {node_name(g.InstanceGroupName, i): g for g, i in wanted}
-    for n in groups:
-        env.store.set_phase(name, n, Phase.QUEUED, "waiting for capacity")
-    created = launcher.create_many(wanted)
-    # registered hosts: nodes start at once (their entry mounts /home and waits for
-    # slurmctld), so that their overlay attachment overlaps the controller's boot; nodes
-    # with a lifecycle script too (their entry runs it, then waits for slurmctld)
-    early = _start_early(launcher, created, every=cluster.multihost)
-    if spec.accounting:  # slurmctld registers the cluster with slurmdbd at its first start
-        services.accounting_up(deadline)
-        if err := launcher.start(ctl_res):
-            raise OperationFailed(f"controller {cluster.controller_host} could not be started: {err}")
-        services.accounting_ready()
-    try:
-        wait_controller(cluster, ctl_res, min(deadline, time.monotonic() + 60))
-    except LaunchError as e:
-        if not (spec.continuous and e.retryable):
-            if early is not None:
-                early.result()
-            raise OperationFailed(f"controller {cluster.controller_host}: {e}") from None
-        ctl_res = _retry_controller(cluster, launcher, conf, deadline, e)
-    env.store.set_phase(name, cluster.controller_host, Phase.RUNNING)
-    env.store.event(
-        name,
-        "Instance",
-        "Info",
-        f"Controller {cluster.controller_host} is up",
-        spec.controller.InstanceGroupName,
-        node=cluster.controller_host,
-    )
+    def actions(self) -> list[tuple[str, Callable[[], None]]]:
+        return [
+            ("network", self.network),
+            ("controller", self.controller),
+            ("nodes", self.make_nodes),
+            ("accounting", self.accounting),
+            ("controller ready", self.controller_ready),
+            ("start nodes", self.start_nodes),
+            ("wait", self.wait),
+        ]
 
-    progress.stage("nodes", "starting login and compute nodes")
-    services.start_rest()
-    outcome = LaunchOutcome()
-    started_early = early.result() if early is not None else {}
-    ids = [(n, r) for n, r in created.items() if isinstance(r, str) and n not in started_early]
-    results = dict(zip([n for n, _ in ids], parallel(lambda t: launcher.start(t[1]), ids), strict=True))
-    results.update(started_early)
-    for n, cid in ((n, r) for n, r in created.items() if isinstance(r, str)):
-        err = results[n]
-        if err:
-            outcome.failed[n] = err
+    def settle(self) -> None:
+        """Before a rollback: the services' containers being made on a thread are waited
+        for (their error is not the one being handled); nodes still being started early
+        record nothing more (the rollback removes their containers, which ends their
+        starts: a lifecycle script is not waited for)."""
+        self.services.settle()
+        self.nodes.stopped = True
+
+    def network(self) -> None:
+        """The network, the volumes (with registered hosts: made on the host of the
+        container that mounts them) and the auth key."""
+        c, p, name, opts = self.c, self.c.p, self.c.name, self.opts
+        self.progress.stage("network", "network, volumes and auth key")
+        p.create_network(network_name(name), labels(name, "network"), encrypted=opts.encrypt_network)
+        if c.multihost:
+            if opts.encrypt_network:
+                self.progress.stage("network", "proving the encrypted overlay carries traffic between hosts")
+                self.progress.stage("network", prove_traffic(c, self.images["worker"]))
         else:
-            outcome.started[n] = cid
-    outcome.failed.update({n: r for n, r in created.items() if isinstance(r, LaunchError)})
-    for n in outcome.started:
-        env.store.set_phase(name, n, Phase.LAUNCHING, "container started")
-    for n, err in outcome.failed.items():
-        g = groups[n]
-        env.store.set_phase(name, n, Phase.LAUNCH_FAILED, f"{err} (retry 1)")
-        env.store.event(
-            name,
-            "Instance",
-            "Warn" if err.code == "InsufficientCapacity" else "Error",
-            f"Instance creation in cluster {name} and instance group {g.InstanceGroupName} failed: {err}",
-            g.InstanceGroupName,
-            node=n,
-        )
-    if outcome.failed and not spec.continuous:
-        raise OperationFailed(_shortage_message(outcome.failed, groups))
-    logins = [n for n in outcome.started if groups[n].node_type == "Login"]
-    workers = [n for n in outcome.started if groups[n].node_type == "Compute"]
-    if spec.continuous:
-        # InService once the controller and the login nodes are up; the agent brings
-        # the workers in as they come, and retries what failed.
-        if opts.wait:
-            progress.stage("wait", "waiting for the login node(s)")
-            wait_nodes(cluster, [], logins, deadline, opts.register_timeout, progress, strict=True)
-            for n in logins:
-                env.store.set_phase(name, n, Phase.RUNNING)
-        _in_service(cluster)
-        return
-    if not opts.wait:
-        return  # the agent marks it InService once every node joined
-    progress.stage("wait", "waiting for nodes to be idle in Slurm")
-    wait_nodes(cluster, workers, logins, deadline, opts.register_timeout, progress, strict=True)
-    for n in outcome.started:
-        if not groups[n].OnStartDeepHealthChecks:  # those are marked Running by the agent, which checks them
-            env.store.set_phase(name, n, Phase.RUNNING)
-    _in_service(cluster)
+            p.create_volume(state_volume(name), labels(name, "state"))
+            p.create_volume(shared_volume(name), labels(name, "shared"))
+            if c.spec.accounting:
+                p.create_volume(database_volume(name), labels(name, "database"))
+        c.make_key()
 
+    def controller(self) -> None:
+        """The services begin (the database boots while the other containers are made);
+        the controller's container, started unless slurmctld must wait for slurmdbd."""
+        spec = self.c.spec
+        self.conf = render(spec, self.c.env.catalogue).encode()
+        if spec.accounting:
+            self.progress.stage("accounting", "database, then slurmdbd, before slurmctld")
+        self.services.begin(self.conf)
+        self.progress.stage("controller", self.c.controller_node)
+        self.ctl = self._make_controller(self.images.get("fileserver"), start=not spec.accounting)
 
-def _start_early(
-    launcher: Launcher, created: dict[str, str | LaunchError], every: bool
-) -> Future[dict[str, LaunchError | None]] | None:
-    """Start the created non-GPU nodes (`every`), or those with a lifecycle script, on a
-    thread (GPU nodes wait for gres.conf, which needs slurmctld); node -> the LaunchError
-    that stopped it, or None. None when there is none to start."""
-    todo = [
-        (n, r)
-        for n, r in created.items()
-        if isinstance(r, str) and r not in launcher.gpu_cids and (every or launcher.has_oncreate(r))
-    ]
-    if not todo:
-        return None
+    def make_nodes(self) -> None:
+        """Every login and compute node Queued and its container made, while slurmctld
+        boots. Those with a lifecycle script (with registered hosts: every node) start at
+        once, on a thread; GPU nodes wait for gres.conf, which needs slurmctld."""
+        made = self.nodes.create()
+        every, gpus = self.c.multihost, self.launcher.gpu_cids
+        early = [n for n, cid in made.items() if cid not in gpus and (every or self.launcher.has_oncreate(cid))]
+        self.later = [n for n in made if n not in early]
+        if early:
+            ex = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hp-early-start")
+            self.early = ex.submit(self.nodes.start, early)
+            ex.shutdown(wait=False)
 
-    def run() -> dict[str, LaunchError | None]:
-        return dict(zip([n for n, _ in todo], parallel(lambda t: launcher.start(t[1]), todo), strict=True))
+    def accounting(self) -> None:
+        """With Accounting: the database ready, slurmdbd started, then slurmctld (it
+        registers the cluster with slurmdbd at its first start)."""
+        if not self.c.spec.accounting:
+            return
+        self.services.accounting_up(self.deadline)
+        if err := self.launcher.start(self.ctl):
+            raise OperationFailed(f"controller {self.c.controller_node} could not be started: {err}")
+        self.services.accounting_ready()
 
-    ex = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hp-early-start")
-    try:
-        return ex.submit(run)
-    finally:
-        ex.shutdown(wait=False)
+    def controller_ready(self) -> None:
+        """slurmctld answers. In continuous mode a controller that failed for a retryable
+        reason is made again; otherwise its failure is the create's."""
+        c, host = self.c, self.c.controller_node
+        try:
+            wait_controller(c, self.ctl, self.deadline)
+        except LaunchError as e:
+            if not (c.spec.continuous and e.retryable):
+                if self.early is not None:  # their outcome (a lifecycle script's event) first
+                    wait([self.early])
+                raise OperationFailed(f"controller {host}: {e}") from None
+            self.ctl = self._retry_controller(e)
+        self.rec.set(c.spec.controller.InstanceGroupName, host, Phase.RUNNING, event=f"Controller {host} is up")
+
+    def start_nodes(self) -> None:
+        """slurmrestd and the nodes not started yet. All-or-nothing: a node that could not
+        be launched fails the create."""
+        self.progress.stage("nodes", "starting login and compute nodes")
+        self.services.start_rest()
+        self.nodes.start(self.later)
+        if self.early is not None:
+            self.early.result()
+        if self.failures() and not self.c.spec.continuous:
+            raise OperationFailed(self.shortage())
+
+    def wait(self) -> None:
+        """The groups' reconcilers until the nodes joined (continuous: the login nodes; the
+        agent brings in the workers as they come, and retries what failed); then InService.
+        Without --wait the agent marks it InService once every node joined."""
+        logins = [r for r in self.recs.values() if self.types[r.group] == "Login"]
+        workers = [r for r in self.recs.values() if self.types[r.group] == "Compute"]
+        if self.c.spec.continuous:
+            if self.opts.wait:
+                self.progress.stage("wait", "waiting for the login node(s)")
+                self._converge(logins)
+            _in_service(self.c)
+            return
+        if not self.opts.wait:
+            return
+        self.progress.stage("wait", "waiting for nodes to be idle in Slurm")
+        self._converge(workers)
+        self._converge(logins)
+        _in_service(self.c)
+
+    def failures(self) -> dict[str, LaunchError]:
+        return {n: e for r in self.recs.values() for n, e in r.failures.items()}
+
+    def shortage(self) -> str:
+        by_group: dict[str, list[str]] = {}
+        for n, e in self.failures().items():
+            by_group.setdefault(self.nodes.rec_of[n].group, []).append(f"{n}: {e}")
+        parts = [
+            f"group {g} could not be fully provisioned ({len(v)} node(s)): " + "; ".join(v[:3])
+            for g, v in by_group.items()
+        ]
+        return "all-or-nothing provisioning failed: " + " | ".join(parts)
+
+    def _converge(self, recs: list[GroupReconciler]) -> None:
+        """Drive these groups' passive sync until each node this create launched runs. A
+        node that fails ends an all-or-nothing create; in continuous mode it is left to
+        the agent."""
+        c, strict = self.c, not self.c.spec.continuous
+        mine = {n for n, r in self.nodes.rec_of.items() if r in recs}
+        compute = any(self.types[r.group] == "Compute" for r in recs)
+        target = {g.InstanceGroupName: g.InstanceCount for g in c.spec.compute}
+
+        def joined() -> bool:
+            snodes = _slurm_nodes(c) if compute else {}
+            latest = c.store.latest_phases(c.name)
+            for r in recs:  # only the groups still waiting
+                if any(latest.get(n, ("",))[0] != Phase.RUNNING.value for n in mine if self.nodes.rec_of[n] is r):
+                    r.sync(snodes)
+            latest = c.store.latest_phases(c.name)
+            running = {n for n in self.nodes.rec_of if latest.get(n, ("",))[0] == Phase.RUNNING.value}
+            counts = {g: (sum(1 for n in running if self.nodes.rec_of[n].group == g), t, 0) for g, t in target.items()}
+            self.progress.groups(counts)
+            failed = set(self.failures()) & mine
+            if failed and strict:
+                raise OperationFailed(self.shortage())
+            pending = mine - running - failed
+            if not pending:
+                return True
+            if time.monotonic() > self.deadline:
+                if compute:
+                    raise WaitTimeout(
+                        f"timed out waiting for {len(pending)} node(s) to be idle in Slurm: "
+                        f"{', '.join(sorted(pending)[:10])}"
+                    )
+                raise WaitTimeout(f"login node {min(pending)} cannot reach slurmctld")
+            return False
+
+        waits.until(joined, every=NODES_POLL_S)
+
+    def _make_controller(self, fileserver: str | None = None, start: bool = True) -> str:
+        """Create the controller's container (with registered hosts, /home's file server
+        on its host meanwhile), and start it unless not `start` (with Accounting: started
+        once the database is ready and slurmdbd started)."""
+        c, host = self.c, self.c.controller_node
+        group = c.spec.controller.InstanceGroupName
+        self.rec.set(group, host, Phase.QUEUED, "waiting for capacity")
+        files = {"slurm.conf": (self.conf, 0o644, 0), **controller_files(c)}
+        cid = self.launcher.create_many([(c.spec.controller, 1)], files=files)[host]
+        if isinstance(cid, LaunchError):
+            # no capacity for the controller's type, or its image is missing: fatal, whatever the mode
+            raise OperationFailed(f"controller {host} could not be launched: {cid}")
+        fs = None
+        if fileserver is not None:  # registered hosts: /home's server on the controller's host, meanwhile
+            ex = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hp-fileserver")
+            fs = ex.submit(ensure_fileserver, c, fileserver)
+            ex.shutdown(wait=False)
+        err = self.launcher.start(cid) if start else None
+        if fs is not None:
+            fs.result()
+        if err:
+            raise OperationFailed(f"controller {host} could not be started: {err}")
+        self.rec.set(group, host, Phase.LAUNCHING, "container started" if start else "container created")
+        return cid
+
+    def _retry_controller(self, first: LaunchError) -> str:
+        """Continuous mode: a controller that failed for a retryable reason (its container
+        exited, slurmctld did not answer) is made again, with backoff, a few times."""
+        c, host = self.c, self.c.controller_node
+        group = c.spec.controller.InstanceGroupName
+        failed = f"Controller {host} failed, retrying: {first}"
+        self.rec.set(group, host, Phase.LAUNCH_FAILED, str(first)[:300], level="Error", event=failed)
+        retryable = retry_if_exception(lambda e: isinstance(e, LaunchError) and e.retryable)
+        for attempt in Retrying(
+            stop=stop_after_attempt(3), wait=wait_exponential(max=5), reraise=True, retry=retryable
+        ):
+            with attempt:
+                c.p.remove_container(container_name(c.name, host))
+                cid = self._make_controller()
+                try:
+                    wait_controller(c, cid, self.deadline)
+                except LaunchError as e:
+                    self.rec.set(group, host, Phase.LAUNCH_FAILED, str(e)[:300])
+                    raise
+                return cid
+        raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _in_service(cluster: Cluster) -> None:
     cluster.store.set_status(cluster.name, ClusterStatus.IN_SERVICE, expect=ClusterStatus.CREATING)
 
 
-def _start_controller(
-    cluster: Cluster, launcher: Launcher, conf: bytes, fileserver: str | None = None, start: bool = True
-) -> str:
-    """Create the controller's container (with registered hosts, /home's file server on its
-    host meanwhile), and start it unless not `start` (with Accounting: started by the
-    caller once the database is ready and slurmdbd started)."""
-    host = cluster.controller_host
-    cluster.store.set_phase(cluster.name, host, Phase.QUEUED, "waiting for capacity")
-    files = {"slurm.conf": (conf, 0o644, 0), **controller_files(cluster)}
-    res = launcher.create_many([(cluster.spec.controller, 1)], files=files)
-    cid = res[host]
-    if isinstance(cid, LaunchError):
-        # no capacity for the controller's type, or its image is missing: fatal, whatever the mode
-        raise OperationFailed(f"controller {host} could not be launched: {cid}")
-    fs = None
-    if fileserver is not None:  # registered hosts: /home's server on the controller's host, meanwhile
-        ex = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hp-fileserver")
-        fs = ex.submit(ensure_fileserver, cluster, fileserver)
-        ex.shutdown(wait=False)
-    if not start:
-        if fs is not None:
-            fs.result()
-        cluster.store.set_phase(cluster.name, host, Phase.LAUNCHING, "container created")
-        return cid
-    err = launcher.start(cid)
-    if fs is not None:
-        fs.result()
-    if err:
-        raise OperationFailed(f"controller {host} could not be started: {err}")
-    cluster.store.set_phase(cluster.name, host, Phase.LAUNCHING, "container started")
-    return cid
+def _slurm_nodes(cluster: Cluster) -> dict[str, SlurmNode]:
+    try:
+        return {n.name: n for n in cluster.slurm.nodes()}
+    except OperationFailed as e:  # one answer lost (a busy host): the next poll asks again
+        log.info("waiting for nodes: %s", e)
+        return {}
 
 
-def _retry_controller(cluster: Cluster, launcher: Launcher, conf: bytes, deadline: float, first: LaunchError) -> str:
-    """Continuous mode: a controller that failed for a retryable reason (its container
-    exited, slurmctld did not answer) is made again, with backoff, a few times."""
-    env, name, host = cluster.env, cluster.name, cluster.controller_host
-    group = cluster.spec.controller.InstanceGroupName
-    env.store.event(name, "Instance", "Error", f"Controller {host} failed, retrying: {first}", group, node=host)
-    env.store.set_phase(name, host, Phase.LAUNCH_FAILED, str(first)[:300])
-    retryable = retry_if_exception(lambda e: isinstance(e, LaunchError) and e.retryable)
-    for attempt in Retrying(stop=stop_after_attempt(3), wait=wait_exponential(max=5), reraise=True, retry=retryable):
-        with attempt:
-            cluster.p.remove_container(container_name(name, host))
-            cid = _start_controller(cluster, launcher, conf)
-            try:
-                wait_controller(cluster, cid, min(deadline, time.monotonic() + 60))
-            except LaunchError as e:
-                env.store.set_phase(name, host, Phase.LAUNCH_FAILED, str(e)[:300])
-                raise
-            return cid
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
-def _shortage_message(failed: dict[str, LaunchError], groups: dict[str, InstanceGroup]) -> str:
-    by_group: dict[str, list[str]] = {}
-    for n, e in failed.items():
-        by_group.setdefault(groups[n].InstanceGroupName, []).append(f"{n}: {e}")
-    parts = [
-        f"group {g} could not be fully provisioned ({len(v)} node(s)): " + "; ".join(v[:3]) for g, v in by_group.items()
-    ]
-    return "all-or-nothing provisioning failed: " + " | ".join(parts)
-
-
-POLL_S = 0.1
+POLL_S = 0.1  # the controller's `scontrol ping`
+NODES_POLL_S = 0.2  # a pass of the groups' reconcilers while create waits
 
 
 def wait_controller(cluster: Cluster, cid: str, deadline: float) -> None:
-    """Ready when `scontrol ping` answers; fail fast if the container exits (a
-    retryable LaunchError carrying the last log lines)."""
-    checks = 0
-    while True:
-        if cluster.slurm.ping():
-            return
-        checks += 1
-        if checks % 5 == 0:
-            st = cluster.p.inspect(cid).state
-            if not st.running:
-                logs = cluster.p.logs(cid, tail=30)
-                raise LaunchError(
-                    "ContainerExited",
-                    f"controller exited ({st.exit_code}) before answering; last log:\n{logs}",
-                    retryable=True,
-                )
-        if time.monotonic() > deadline:
-            raise LaunchError(
-                "RegistrationTimeout",
-                "controller did not answer 'scontrol ping' in time; last log:\n" + cluster.p.logs(cid, tail=30),
-                retryable=True,
-            )
-        time.sleep(POLL_S)
-
-
-def wait_nodes(
-    cluster: Cluster,
-    workers: list[str],
-    logins: list[str],
-    deadline: float,
-    register_timeout: float,
-    progress: Progress,
-    strict: bool,
-) -> dict[str, LaunchError]:
-    """Wait until every worker is idle in Slurm and login nodes answer. A node whose
-    container exits, or that does not register in `register_timeout`, fails: at once
-    when `strict` (all-or-nothing), else it is reported and left to the agent."""
-    spec, name = cluster.spec, cluster.name
-    failed: dict[str, LaunchError] = {}
+    """Ready when `scontrol ping` answers; fails fast (reconciler.not_joined: a retryable
+    LaunchError with the last log lines) when its container exits, or when slurmctld does
+    not answer within the register timeout (or by `deadline`)."""
     t0 = time.monotonic()
-    want = set(workers)
-    polls = 0
-    target = {g.InstanceGroupName: g.InstanceCount for g in spec.compute}
-    gname = {g.InstanceGroupName.lower(): g.InstanceGroupName for g in spec.InstanceGroups}
-    group_of = {n: gname[n.rsplit("-", 1)[0]] for n in workers}
-    while True:
-        # a node of a group with on-start checks registers drained: it is up, and is
-        # checked by the agent before it takes jobs
-        try:
-            snodes = cluster.slurm.nodes()
-        except OperationFailed as e:  # one answer lost (a busy host): the next poll asks again
-            log.info("waiting for nodes: %s", e)
-            snodes = []
-        idle = {n.name for n in snodes if n.usable or (n.awaiting_onstart and not n.not_responding)} & want
-        counts = {g: (sum(1 for n in idle if group_of[n] == g), t, 0) for g, t in target.items()}
-        progress.groups(counts)
-        pending = want - idle - set(failed)
-        if not pending:
-            break
-        polls += 1
-        if polls % 5 == 0:  # look at the containers of nodes still missing
-            states = cluster.node_containers()
-            for n in list(pending):
-                c = states.get(n)
-                if c is None or c.dead:
-                    logs = cluster.p.logs(c.id, tail=5).strip() if c else ""
-                    failed[n] = LaunchError(
-                        "ContainerExited",
-                        f"{n} exited with code {c.exit_code if c else None} at start: {logs[-300:]}",
-                        retryable=True,
-                    )
-                elif time.monotonic() - t0 > register_timeout:
-                    failed[n] = LaunchError(
-                        "RegistrationTimeout",
-                        f"slurmd on {n} did not register within {register_timeout:g} s",
-                        retryable=True,
-                    )
-            if failed and strict:
-                raise OperationFailed(_shortage_message(failed, {n: spec.group(group_of[n]) for n in failed}))
-        if time.monotonic() > deadline:
-            raise WaitTimeout(
-                f"timed out waiting for {len(pending)} node(s) to be idle in Slurm: {', '.join(sorted(pending)[:10])}"
-            )
-        time.sleep(0.2)
-    for n in logins:
-        while not cluster.slurm.ping_from(container_name(name, n)):
-            if time.monotonic() > deadline:
-                raise WaitTimeout(f"login node {n} cannot reach slurmctld")
-            time.sleep(0.2)
-    return failed
+    checks = 0
+
+    def answers() -> bool:
+        nonlocal checks
+        if cluster.slurm.ping():
+            return True
+        checks += 1
+        waited = time.monotonic() - t0
+        if checks % 5 == 0 or time.monotonic() > deadline:
+            st = cluster.p.inspect(cid).state
+            code = None if st.running else st.exit_code
+            what = "slurmctld did not answer 'scontrol ping'"
+            if err := not_joined(cluster.p, cid, code, what, waited, cap=deadline - t0, lines=30):
+                raise err
+        return False
+
+    waits.until(answers, every=POLL_S)

@@ -140,11 +140,6 @@ class Cluster:
         return controller_node(self.spec)
 
     @property
-    def controller_host(self) -> str:
-        """controller_node's old name, still read by cluster/create.py and core/launcher.py."""
-        return self.controller_node
-
-    @property
     def controller_container(self) -> str:
         return container_name(self.name, self.controller_node)
 

@@ -12,8 +12,8 @@ starts (gpu/gresconf.py).
 Lifecycle scripts (LifeCycleConfig): the group's folder and the node's facts go into
 the container with its other files; start() then waits for the script, which the
 node's entry runs before its Slurm daemon (core/lifecycle.py), and a failure is the
-node's LaunchError. Both launch paths (hp create, the agent's reconciler) and replace
-start nodes here, so the script runs on every new node the same way."""
+node's LaunchError. The launch path (cluster/reconciler.py: the agent's and hp create's) and
+replace start nodes here, so the script runs on every new node the same way."""
 
 from __future__ import annotations
 
@@ -113,7 +113,7 @@ class Launcher:
         itype = c.env.catalogue[group.InstanceType]
         node = node_name(group.InstanceGroupName, index)
         # HP_ROLE set here too: a user's image FROM hp's worker image serves a login group as well
-        env = {"HP_CONTROLLER": c.controller_host, "HP_CLUSTER": c.name, "HP_ROLE": role}
+        env = {"HP_CONTROLLER": c.controller_node, "HP_CLUSTER": c.name, "HP_ROLE": role}
         vols = {shared_volume(c.name): "/home"}
         binds = [f"{m.Source}:{m.target}:{'ro' if m.ReadOnly else 'rw'}" for m in c.spec.Mounts or ()]
         wiring, gpu_labels, gres = self.gpu_setup(gpus, host) if gpus else (None, {}, None)
@@ -255,7 +255,7 @@ class Launcher:
             put.update(files or {})
             c.p.put_files(cid, "/etc/slurm", put)
             if group.LifeCycleConfig is not None:
-                c.p.put_files(cid, "/", lifecycle.files(c.spec, group, index, c.controller_host))
+                c.p.put_files(cid, "/", lifecycle.files(c.spec, group, index, c.controller_node))
                 self._oncreate[cid] = (group, spec.hostname)
         except EngineError as e:
             c.p.remove_container(cid)

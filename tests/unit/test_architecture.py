@@ -460,9 +460,7 @@ def test_hps_reasons_are_built_only_in_slurm_model() -> None:
 
 
 # time.sleep outside the wait primitive, each with its reason.
-SLEEPS_ELSEWHERE = {
-    "cluster/create.py": "its waits go with the launch path being rewritten onto the reconciler (issue 20 item 1)",
-}
+SLEEPS_ELSEWHERE: dict[str, str] = {}
 
 
 def test_waiting_goes_through_the_one_primitive() -> None:

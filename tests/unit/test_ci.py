@@ -41,7 +41,7 @@ def check_schema(command: str, doc: Any) -> None:
 
 def make(w: World, name: str = "lab", groups: list | None = None, **kw: Any) -> None:
     spec = validate(spec_doc(name, groups, **kw), w.env.catalogue)
-    create(w.env, spec, CreateOptions(timeout=5, register_timeout=2))
+    create(w.env, spec, CreateOptions(timeout=5))
 
 
 # -- submit ----------------------------------------------------------------------------

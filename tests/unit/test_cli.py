@@ -118,7 +118,7 @@ def make(hp: Hp, name: str = "lab", groups: list | None = None, **top: Any) -> N
     """A cluster made through the library (what `hp create -f` does, tested above, without
     the command line's parsing: the tests that need a cluster stay fast)."""
     spec = validate_spec(spec_doc(name, groups, **top), hp.w.env.catalogue)
-    create(hp.w.env, spec, CreateOptions(timeout=5, register_timeout=2))
+    create(hp.w.env, spec, CreateOptions(timeout=5))
 
 
 # -- create ------------------------------------------------------------------------------

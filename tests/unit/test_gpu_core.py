@@ -29,7 +29,7 @@ from orchestrator.spec.model import validate
 
 def make(w, groups, name="lab", **top):
     spec = validate(spec_doc(name, groups, login=False, **top), w.env.catalogue)
-    return create(w.env, spec, CreateOptions(timeout=5, register_timeout=2))
+    return create(w.env, spec, CreateOptions(timeout=5))
 
 
 def gpu_world(tmp_path, n=1, runtime=False, cpus=16, memory_mib=131072):
@@ -345,7 +345,7 @@ def test_gpu_nodes_get_their_gpus_gres_and_gres_conf_before_they_start(tmp_path)
 
 
 def test_scale_up_and_replace_reconfigure_only_when_the_lines_change(tmp_path, monkeypatch):
-    from orchestrator.agent.reconciler import GroupReconciler
+    from orchestrator.cluster.reconciler import GroupReconciler
     from orchestrator.core.launcher import Launcher
 
     monkeypatch.setattr(actions, "POLL_S", 0.001)

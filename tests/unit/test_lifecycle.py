@@ -6,6 +6,7 @@ Slurm: tests/e2e/test_lifecycle.py."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from orchestrator.cluster.create import CreateOptions, create
 from orchestrator.core import lifecycle
 from orchestrator.core.context import Cluster
 from orchestrator.core.launcher import Launcher
-from orchestrator.errors import BadInput, OperationFailed
+from orchestrator.errors import BadInput, EngineError, OperationFailed
 from orchestrator.spec.catalogue import load_catalogue
 from orchestrator.spec.lifecycle import MAX_FILES, TIMEOUT_DEFAULT, TIMEOUT_MAX
 from orchestrator.spec.model import validate, with_overrides
@@ -241,7 +242,7 @@ def test_create_runs_the_script_on_every_node_but_the_controller_and_records_it(
     monkeypatch.setattr(lifecycle, "PAUSE_S", 0.001)
     w = world(tmp_path)
     entry(w, {}, polls_before=3)
-    create(w.env, lc_spec(w, tmp_path), CreateOptions(timeout=5, register_timeout=2))
+    create(w.env, lc_spec(w, tmp_path), CreateOptions(timeout=5))
     assert w.env.store.cluster("lab").status == "InService"
     for n in ("login-1", "cpu-1", "cpu-2"):
         f = w.provider.node("lab", n).files
@@ -256,7 +257,7 @@ def test_a_failing_script_rolls_an_all_or_nothing_create_back(tmp_path):
     w = world(tmp_path)
     entry(w, {"cpu-2": 3})
     with pytest.raises(OperationFailed) as e:
-        create(w.env, lc_spec(w, tmp_path), CreateOptions(timeout=5, register_timeout=2))
+        create(w.env, lc_spec(w, tmp_path), CreateOptions(timeout=5))
     assert "cpu-2: LifecycleScriptFailed: exit 3: step 3 done (script on_create.sh)" in str(e.value)
     assert w.provider.containers("lab") == []
     assert w.env.store.cluster("lab").status == "Failed"
@@ -271,6 +272,22 @@ def test_a_failing_script_in_continuous_mode_leaves_the_node_pending_and_the_oth
     assert ph["cpu-1"][0] == "LaunchFailed" and "LifecycleScriptFailed: exit 3" in ph["cpu-1"][1]
     assert [c.name for c in w.provider.containers("lab") if c.name == "hp-lab-cpu-1"] == []  # made anew next time
     assert w.provider.node("lab", "cpu-2").state == "running"
+
+
+def test_a_create_that_fails_while_scripts_run_rolls_back_without_waiting_for_them(tmp_path, monkeypatch):
+    monkeypatch.setattr(lifecycle, "PAUSE_S", 0.01)
+    w = world(tmp_path)
+    entry(w, {}, polls_before=10**9)  # the scripts never finish
+    # with Accounting slurmctld starts after the nodes were made (and theirs started)
+    w.provider.fail_start = lambda c: EngineError("port conflict", 500) if "controller" in c.spec.name else None
+    t0 = time.monotonic()
+    with pytest.raises(OperationFailed, match="controller controller-1 could not be started"):
+        create(w.env, lc_spec(w, tmp_path), CreateOptions(timeout=5))
+    assert time.monotonic() - t0 < 3 and w.provider.containers("lab") == []
+    time.sleep(0.2)  # the early starts end once their containers are gone, and record nothing
+    ph = w.env.store.latest_phases("lab")
+    assert {ph[n][0] for n in ("login-1", "cpu-1", "cpu-2")} == {"Queued"}
+    assert w.env.store.cluster("lab").status == "Failed"
 
 
 def test_a_node_that_stops_without_a_result_or_never_answers_fails(tmp_path, monkeypatch):

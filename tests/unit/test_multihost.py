@@ -11,10 +11,10 @@ import threading
 import pytest
 from fakes import FakeProvider, multi_world, service_started, spec_doc, world
 
-from orchestrator.agent.reconciler import GroupReconciler
 from orchestrator.cluster.create import CreateOptions, create
 from orchestrator.cluster.delete import delete
 from orchestrator.cluster.query import nodes
+from orchestrator.cluster.reconciler import GroupReconciler
 from orchestrator.core import capacity, placement
 from orchestrator.core.context import Cluster
 from orchestrator.core.launcher import Launcher
@@ -45,7 +45,7 @@ def fast(monkeypatch):
 
 def make(w, name="lab", groups=None, **top):
     spec = validate(spec_doc(name, groups or [("cpu", "cpu.nano", 6)], **top), w.env.catalogue)
-    return create(w.env, spec, CreateOptions(timeout=5, register_timeout=2))
+    return create(w.env, spec, CreateOptions(timeout=5))
 
 
 def where(w, name="lab"):
@@ -438,31 +438,33 @@ class SwarmEngine(FakeProvider):
 
     def __init__(self, url, arch="x86_64", joinable=True):
         super().__init__(name=url.rsplit("/", 1)[-1])
-        self.url, self.joinable = url, joinable
-        self.info_ = __import__("dataclasses").replace(self.info_, arch=arch, name=self.name)
+        # the machine's own name (the swarm's); `name` becomes the registered host's once
+        # the registry makes a handle for it, as a real engine reports it on its containers
+        self.url, self.joinable, self.machine = url, joinable, self.name
+        self.info_ = __import__("dataclasses").replace(self.info_, arch=arch, name=self.machine)
 
     def info(self, refresh=False):
         self._check()
         st = SwarmEngine.swarm
-        me = st.get("nodes", {}).get(self.name)
+        me = st.get("nodes", {}).get(self.machine)
         return __import__("dataclasses").replace(
             self.info_,
             swarm_state="active" if me else "inactive",
             swarm_node_id=me["id"] if me else "",
             swarm_manager=bool(me and me["role"] == "manager"),
-            swarm_addr=f"10.0.0.{len(self.name)}" if me else "",
+            swarm_addr=f"10.0.0.{len(self.machine)}" if me else "",
         )
 
     def swarm_init(self, advertise):
-        SwarmEngine.swarm = {"nodes": {self.name: {"id": f"id-{self.name}", "role": "manager"}}}
+        SwarmEngine.swarm = {"nodes": {self.machine: {"id": f"id-{self.machine}", "role": "manager"}}}
 
     def swarm_join(self, managers, token, advertise):
         if not self.joinable:
             raise __import__("orchestrator.errors", fromlist=["EngineError"]).EngineError("join refused", 500)
-        SwarmEngine.swarm["nodes"][self.name] = {"id": f"id-{self.name}", "role": "worker"}
+        SwarmEngine.swarm["nodes"][self.machine] = {"id": f"id-{self.machine}", "role": "worker"}
 
     def swarm_leave(self):
-        SwarmEngine.swarm.get("nodes", {}).pop(self.name, None)
+        SwarmEngine.swarm.get("nodes", {}).pop(self.machine, None)
 
     def swarm_tokens(self):
         return {"Worker": "tok-w", "Manager": "tok-m"}
@@ -500,7 +502,9 @@ def fleet(monkeypatch, tmp_path):
     local = FakeProvider()
     local.images["debian:trixie-slim"] = "sha256:base"
 
-    def factory(url=None, *a, **k):
+    def factory(url=None, *a, name=None, **k):
+        if url and name:
+            engines[url].name = name
         return engines[url] if url else local
 
     monkeypatch.setattr(engine_mod, "DockerEngine", factory)
@@ -569,7 +573,7 @@ def test_removing_a_host_is_refused_while_a_controller_or_nodes_live_there(fleet
         e.on_start.append(service_started)
     env.images.build(env.node_image_defs(), log=lambda s: None)
     spec_ = validate(spec_doc("lab", [("cpu", "cpu.nano", 3)]), env.catalogue)
-    create(env, spec_, CreateOptions(timeout=5, register_timeout=2))
+    create(env, spec_, CreateOptions(timeout=5))
     with pytest.raises(BadInput, match="holds the controller of cluster"):
         registry.remove(env, "h1")
     with pytest.raises(BadInput, match=r"host h3 holds 1 node\(s\) \(lab/cpu-"):
@@ -835,7 +839,7 @@ def test_mounts_are_refused_with_hosts_and_bound_on_one_engine(tmp_path):
         create(w.env, validate(doc, w.env.catalogue), CreateOptions(timeout=5))
     assert w.env.store.cluster("lab") is None and not w.provider.containers()
     one = world(tmp_path / "one")
-    create(one.env, validate(doc, one.env.catalogue), CreateOptions(timeout=5, register_timeout=2))
+    create(one.env, validate(doc, one.env.catalogue), CreateOptions(timeout=5))
     binds = [f"{src}:{src}:rw", f"{src}:/data:ro"]
 
     def node(n):

@@ -5,16 +5,20 @@ Milliseconds each; the same behaviours run against real Docker and Slurm in test
 
 from __future__ import annotations
 
+import ast
 import time
+from pathlib import Path
 
 import pytest
 from fakes import FakeProvider, spec_doc, world
 
+import orchestrator.cluster.create as create_mod
+import orchestrator.cluster.reconciler as reconciler
 from orchestrator.agent.daemon import Agent
-from orchestrator.agent.reconciler import BACKOFF, GroupReconciler
 from orchestrator.cluster.create import CreateOptions, create
 from orchestrator.cluster.delete import delete, remove_network
 from orchestrator.cluster.query import describe, list_clusters, nodes
+from orchestrator.cluster.reconciler import BACKOFF, GroupReconciler
 from orchestrator.cluster.scaling import delete_nodes, scale
 from orchestrator.core import capacity
 from orchestrator.core.context import Cluster
@@ -25,7 +29,7 @@ from orchestrator.spec.model import validate
 
 def make(w, name="lab", groups=None, wait=True, **top):
     spec = validate(spec_doc(name, groups, **top), w.env.catalogue)
-    return create(w.env, spec, CreateOptions(wait=wait, timeout=5, register_timeout=2))
+    return create(w.env, spec, CreateOptions(wait=wait, timeout=5))
 
 
 def phases(w, name):
@@ -128,6 +132,181 @@ def test_missing_images_are_built_and_no_wait_leaves_the_rest_to_the_agent(tmp_p
     assert w.env.store.cluster("lab").status == "InService"
 
 
+def history(w, name, node):
+    return [(p, m) for p, m, _ in w.env.store.node_history(name, node)]
+
+
+def test_create_launches_and_waits_through_the_agents_reconciler(tmp_path, monkeypatch):
+    """create launches its nodes with the reconciler's code (one batch over every group:
+    one capacity decision) and waits with the groups' passive sync, as the agent does:
+    the records and events are the reconciler's; create launches nothing of its own."""
+    batches, synced, stepped = [], [], []
+    real_create, real_sync = reconciler.Launch.create, reconciler.GroupReconciler.sync
+
+    def spy_create(self, files=None):
+        batches.append(sorted(self.rec_of))
+        return real_create(self, files)
+
+    def spy_sync(self, snodes):
+        synced.append(self.group)
+        return real_sync(self, snodes)
+
+    monkeypatch.setattr(reconciler.Launch, "create", spy_create)
+    monkeypatch.setattr(reconciler.GroupReconciler, "sync", spy_sync)
+    monkeypatch.setattr(reconciler.GroupReconciler, "step", lambda self, snodes: stepped.append(self.group))
+    w = world(tmp_path)
+    make(w)
+    assert batches == [["cpu-1", "cpu-2", "login-1"]]
+    assert set(synced) == {"cpu", "login"} and stepped == []
+    assert history(w, "lab", "cpu-1") == [
+        ("Queued", "waiting for capacity"),
+        ("Launching", "container started"),
+        ("Running", ""),
+    ]
+    joined = [e for e in w.env.store.events("lab") if "is running and joined Slurm" in e.description]
+    assert sorted(e.node for e in joined) == ["cpu-1", "cpu-2", "login-1"]
+    # the controller is one of create's actions: its records through the same Recorder
+    assert history(w, "lab", "controller-1")[-1] == ("Running", "")
+    assert any(e.description == "Controller controller-1 is up" for e in w.env.store.events("lab"))
+
+
+def test_a_launch_failure_is_written_in_one_place_at_create_and_by_the_agent(tmp_path, monkeypatch):
+    written = []
+    real = reconciler.GroupReconciler.failed
+
+    def spy(self, n, err, cid=None):
+        written.append((self.group, n, err.code))
+        return real(self, n, err, cid)
+
+    monkeypatch.setattr(reconciler.GroupReconciler, "failed", spy)
+    w = world(tmp_path)
+    capacity.set_limit(w.env.store, "cpu.nano", 2)  # login + 1 worker fit, not 2
+    with pytest.raises(OperationFailed) as e:
+        make(w)
+    # the text users and tests see: the LaunchError itself, per group
+    assert str(e.value).startswith(
+        "all-or-nothing provisioning failed: group cpu could not be fully provisioned (1 node(s)): cpu-"
+    )
+    assert written == [("cpu", "cpu-2", "InsufficientCapacity")]
+    ph, msg = history(w, "lab", "cpu-2")[-1]
+    assert ph == "LaunchFailed" and msg.startswith("InsufficientCapacity: ") and msg.endswith("(retry 1, next in 1 s)")
+    ev = [x for x in w.env.store.events("lab") if x.node == "cpu-2" and x.level == "Warn"]
+    assert [x.description.split(": ", 1)[0] for x in ev] == [
+        "Instance creation in cluster lab and instance group cpu failed"
+    ]
+    # the agent's launch of the same node writes through the same place
+    capacity.set_limit(w.env.store, "cpu.nano", None)
+    make(w, NodeProvisioningMode="Continuous", groups=[("cpu", "cpu.nano", 1)])
+    capacity.set_limit(w.env.store, "cpu.nano", 2)
+    scale(w.env, "lab", "cpu", 2)
+    reconcile(w, "lab", "cpu", passes=1)
+    assert written[-1] == ("cpu", "cpu-2", "InsufficientCapacity")
+
+
+def test_launch_failure_reasons_and_event_are_made_in_one_function_each():
+    """LaunchError("ContainerExited" / "RegistrationTimeout") are made only by
+    reconciler.not_joined, and the failed-launch event only by GroupReconciler.failed."""
+    root = Path(create_mod.__file__).resolve().parents[1]
+    sites: dict[str, set[str]] = {"ContainerExited": set(), "RegistrationTimeout": set(), "Instance creation": set()}
+    for p in root.rglob("*.py"):
+        text = p.read_text()
+        if "data" in p.relative_to(root).parts or not any(key in text for key in sites):
+            continue
+        tree = ast.parse(text)
+        for fn in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)):
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                    for key in sites:
+                        if node.value == key or node.value.startswith(f"{key} in cluster"):
+                            sites[key].add(f"{p.relative_to(root)}:{fn.name}")
+    assert sites == {
+        "ContainerExited": {"cluster/reconciler.py:not_joined"},
+        "RegistrationTimeout": {"cluster/reconciler.py:not_joined"},
+        "Instance creation": {"cluster/reconciler.py:failed"},
+    }
+
+
+def test_a_node_that_exits_or_never_registers_fails_an_all_or_nothing_create(tmp_path, monkeypatch):
+    w = world(tmp_path)
+
+    def exits(c):
+        if c.spec.hostname == "cpu-2":
+            c.state, c.exit_code, c.logs = "exited", 3, "slurmd cannot start\n"
+
+    w.provider.on_start.append(exits)
+    with pytest.raises(
+        OperationFailed, match="cpu-2: ContainerExited: container exited with code 3 at start: slurmd cannot start"
+    ):
+        make(w)
+    assert w.provider.containers("lab") == [] and w.env.store.cluster("lab").status == "Failed"
+    # a node whose container is gone while create waits for it
+    w.provider.on_start[-1] = lambda c: c.spec.hostname == "cpu-1" and w.provider.remove_container(c.id)
+    with pytest.raises(OperationFailed, match="cpu-1: ContainerExited: its container is gone before it joined"):
+        make(w)
+    # one that does not register within the one register timeout (HP_REGISTER_TIMEOUT)
+    w = world(tmp_path / "again")  # a Slurm that knows no node
+    w.slurm.auto_register = False
+    monkeypatch.setattr(reconciler, "REGISTER_TIMEOUT", 0.3)
+    with pytest.raises(
+        OperationFailed, match=r"cpu-\d: RegistrationTimeout: slurmd on cpu-\d did not register within 0.3 s"
+    ):
+        make(w)
+    assert w.provider.containers("lab") == []
+
+
+def test_continuous_create_waits_for_login_nodes_and_leaves_retries_to_the_agent(tmp_path):
+    w = world(tmp_path)
+    now = [time.time()]
+    w.env.store.clock = lambda: now[0]
+    w.provider.fail_start = lambda c: EngineError("device busy", 500) if c.spec.hostname == "cpu-2" else None
+    answers = iter([False, False, False])
+
+    def ping_from(container):  # the login node answers late: long after cpu-2's retry was due
+        now[0] += 2 * BACKOFF.delay(1)
+        return next(answers, True)
+
+    w.slurm.ping_from = ping_from
+    make(w, NodeProvisioningMode="Continuous")
+    assert w.env.store.cluster("lab").status == "InService"
+    assert phases(w, "lab")["login-1"] == "Running" and phases(w, "lab")["cpu-1"] == "Launching"
+    assert [p for p, _ in history(w, "lab", "cpu-2")] == ["Queued", "LaunchFailed"]  # tried once: the agent retries
+    assert "ContainerStartFailed: device busy (retry 1" in history(w, "lab", "cpu-2")[-1][1]
+
+
+def test_a_controller_that_exits_at_start_is_made_again_in_continuous_mode(tmp_path, monkeypatch):
+    monkeypatch.setattr(create_mod, "POLL_S", 0.001)
+    w = world(tmp_path)
+    starts = []
+
+    def first_exits(c):
+        if c.spec.hostname == "controller-1":
+            starts.append(c.id)
+            w.slurm.up = len(starts) > 1
+            if len(starts) == 1:
+                c.state, c.exit_code, c.logs = "exited", 1, "fatal: bad config\n"
+
+    w.provider.on_start.append(first_exits)
+    make(w, NodeProvisioningMode="Continuous", Accounting={"Enabled": False})
+    assert len(starts) == 2 and w.env.store.cluster("lab").status == "InService"
+    assert [p for p, _ in history(w, "lab", "controller-1")] == [
+        "Queued",
+        "Launching",
+        "LaunchFailed",
+        "Queued",
+        "Launching",
+        "Running",
+    ]
+    ev = [e.description for e in w.env.store.events("lab") if e.node == "controller-1"]
+    assert ev[0].startswith("Controller controller-1 failed, retrying: ContainerExited: container exited with code 1")
+    assert "fatal: bad config" in ev[0] and ev[-1] == "Controller controller-1 is up"
+    # all-or-nothing: the controller's failure is the create's
+    w.provider.on_start[-1] = lambda c: c.spec.hostname == "controller-1" and setattr(w.slurm, "up", False)
+    monkeypatch.setattr(reconciler, "REGISTER_TIMEOUT", 0.05)
+    with pytest.raises(OperationFailed, match="controller controller-1: RegistrationTimeout: slurmctld did not answer"):
+        make(w, name="lab2", Accounting={"Enabled": False})
+    assert w.provider.containers("lab2") == []
+
+
 # -- the reconciler ---------------------------------------------------------------------
 def test_scale_up_and_down_removes_idle_and_broken_nodes_first(tmp_path):
     w = world(tmp_path)
@@ -208,7 +387,7 @@ def test_a_container_that_exits_at_start_is_retried_and_one_left_created_is_star
 
 
 def test_registration_timeout_fails_the_launch(tmp_path, monkeypatch):
-    import orchestrator.agent.reconciler as r
+    import orchestrator.cluster.reconciler as r
 
     w = world(tmp_path)
     make(w, NodeProvisioningMode="Continuous", groups=[("cpu", "cpu.nano", 1)])

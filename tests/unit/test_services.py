@@ -37,7 +37,7 @@ from orchestrator.state.health_requests import Records
 
 def make(w, name="lab", **top):
     spec = validate(spec_doc(name, **top), w.env.catalogue)
-    create(w.env, spec, CreateOptions(timeout=5, register_timeout=2))
+    create(w.env, spec, CreateOptions(timeout=5))
     return Cluster(w.env, name)
 
 

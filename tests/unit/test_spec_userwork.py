@@ -121,7 +121,7 @@ def test_node_packages_build_derived_login_and_compute_images_once(tmp_path):
         real(context, tag, target, buildargs, log)
 
     w.provider.build_image = counting
-    opts = CreateOptions(timeout=5, register_timeout=2)
+    opts = CreateOptions(timeout=5)
     doc = spec_doc("lab", NodePackages=["jq", "bc", "jq"])
     create(w.env, validate(doc, w.env.catalogue), opts)
     refs = w.env.images.refs()

@@ -86,7 +86,7 @@ def test_cluster_status_writer_refuses_unknown_names_and_yields_to_a_change_it_d
 
 def test_a_created_cluster_says_so_once_even_with_its_agent_at_it(tmp_path):
     w = world(tmp_path)
-    create(w.env, validate(spec_doc("lab"), w.env.catalogue), CreateOptions(timeout=5, register_timeout=2))
+    create(w.env, validate(spec_doc("lab"), w.env.catalogue), CreateOptions(timeout=5))
     ev = texts(w.env.store)
     assert ev[0] == "Cluster lab creation started (all-or-nothing provisioning)"
     assert ev.count("Cluster lab is InService") == 1 and w.env.store.cluster("lab").status is S.IN_SERVICE
@@ -94,7 +94,7 @@ def test_a_created_cluster_says_so_once_even_with_its_agent_at_it(tmp_path):
 
 def test_a_rollback_writes_nothing_over_a_delete_that_began_meanwhile(tmp_path):
     w = world(tmp_path)
-    create(w.env, validate(spec_doc("lab"), w.env.catalogue), CreateOptions(timeout=5, register_timeout=2))
+    create(w.env, validate(spec_doc("lab"), w.env.catalogue), CreateOptions(timeout=5))
     force_status(w.env.store, "lab", "Creating")
     w.env.store.set_status("lab", S.DELETING)  # `hp delete` while `hp create` still runs
     n = len(texts(w.env.store))

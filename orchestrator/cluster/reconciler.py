@@ -1,18 +1,33 @@
-"""Brings one instance group to its target count: observes (containers, Slurm, the phase
-history), then acts; each step is idempotent, so an agent killed at any moment resumes.
+"""The one launch path: nodes are launched and brought to their groups' targets here, by
+the agent all the time and by `hp create` in-process (until its targets are met or its
+deadline passes).
 
-Passive sync (what became of launching nodes, of nodes being removed) comes before the
-active steps (scale down, scale up). Retry counts and backoff derive from the history.
+A launch (`Launch`): the nodes recorded Queued, their containers created in one batch
+(capacity is decided for the whole batch: launcher.py), then started in parallel, all
+at once or in parts (create starts the nodes with a lifecycle script while slurmctld
+boots); a started node is Launching. The group's passive sync then says what became of
+it: Running once it joined Slurm, or a failure (`not_joined`: its container exited, or
+it did not register in time). A failure, its reason and its event are written in one
+place (`GroupReconciler.failed`); the agent retries it after a backoff.
+
+`GroupReconciler` brings one instance group to its target count: observes (containers,
+Slurm, the phase history), then acts; each step is idempotent, so an agent killed at any
+moment resumes. Passive sync (what became of launching nodes, of nodes being removed)
+comes before the active steps (scale down, scale up). Retry counts and backoff derive
+from the history.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 
 from ..core.context import Cluster, parallel
-from ..core.launcher import Launcher
+from ..core.launcher import FileMap, Launcher
+from ..docker.provider import Provider
 from ..docker.views import Container
 from ..errors import LaunchError, OperationFailed
 from ..naming import L_GROUP, group_prefix, node_id, node_name, split_node
@@ -23,9 +38,11 @@ from ..state.store import Latest
 
 log = logging.getLogger("hp.agent")
 
+# a started node registers within this, or its launch failed (the controller at create too)
 REGISTER_TIMEOUT = float(os.environ.get("HP_REGISTER_TIMEOUT", "60"))
 RESYNC = 10.0  # slow periodic resync: a safety net, events do the real work
 BACKOFF = Backoff(initial=1.0, maximum=float(os.environ.get("HP_RETRY_MAX", "10")))
+LOG_LINES = 3  # of a failed node's log, in its reason
 
 SNodes = dict[str, SlurmNode]
 
@@ -54,6 +71,47 @@ class Recorder:
             self.c.store.event(self.c.name, "Instance", level, event, group, node_id, node)
 
 
+def not_joined(
+    p: Provider,
+    cid: str | None,
+    exit_code: int | None,
+    what: str,
+    waited: float,
+    cap: float = math.inf,
+    lines: int = LOG_LINES,
+) -> LaunchError | None:
+    """Why a started node that has not joined yet failed, or None while it may still join:
+    its container exited at start (`exit_code` not None; `cid` None: it is gone), or
+    `what` (its daemon did not register) past REGISTER_TIMEOUT (or `cap`) seconds since
+    it started. Its last log lines say why. The one place these reasons are made: the
+    reconciler's launching nodes, and the controller at create."""
+    limit = max(min(REGISTER_TIMEOUT, cap), 0.0)
+    if cid is None:
+        return LaunchError("ContainerExited", "its container is gone before it joined", retryable=True)
+    if exit_code is None and waited <= limit:
+        return None
+    tail = p.logs(cid, tail=lines).strip().replace("\n", " | ")[-100 * lines :]
+    if exit_code is not None:
+        return LaunchError(
+            "ContainerExited", f"container exited with code {exit_code} at start: {tail}", retryable=True
+        )
+    return LaunchError(
+        "RegistrationTimeout", f"{what} within {limit:g} s; last log: {tail or '(no output)'}", retryable=True
+    )
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """What one pass of a group read: its spec, the phases, its containers."""
+
+    group: InstanceGroup
+    latest: Latest  # the group's nodes
+    latest_all: Latest  # every node of the cluster
+    mine: dict[str, Container]
+    placed: dict[str, str]
+    now: float
+
+
 class GroupReconciler:
     """One instance group (login or compute) of a cluster."""
 
@@ -71,33 +129,18 @@ class GroupReconciler:
         self.rec = Recorder(cluster)
         self.on_joined = on_joined  # a node of a group with on-start checks joined: check it
         self.clock = clock or cluster.store.clock  # the clock the phase history is written with
+        self.failures: dict[str, LaunchError] = {}  # node -> why its last launch failed, until it joins
 
     def step(self, snodes: SNodes) -> float:
-        """One pass; returns how long until the next pass is needed."""
-        # The target and the nodes' phases come from one snapshot: a delete-nodes request
-        # writes its marks and the lower target together, and is seen whole.
-        placed = self.c.placements()  # before the phases: see Cluster.lost_nodes
-        row, latest_all = self.c.store.snapshot(self.c.name)
-        if row is None:
+        """One pass (the agent's): passive sync, then scale down or up; returns how long
+        until the next pass is needed."""
+        seen = self._observe()
+        if seen is None:
             return RESYNC
-        g = self.c.reload(row.spec).group(self.group)
-        if g is None or g.node_type == "Controller":
-            return RESYNC
-        prefix = self.group.lower()
-        latest = {n: v for n, v in latest_all.items() if group_prefix(n) == prefix}
-        now = self.clock()
-        listed = self.c.current(self.c.p.containers(self.c.name, {L_GROUP: self.group}))
-        mine = {c.node: c for c in listed if c.is_node and c.node}
+        g, latest, now = seen.group, seen.latest, seen.now
         phase = {n: v[0] for n, v in latest.items()}
-        nxt = RESYNC
         # 1. passive sync: what became of launching nodes, and nodes being removed
-        active: dict[str, Container] = {}
-        for n, ci in mine.items():
-            if phase.get(n) == Phase.SHUTTING_DOWN.value:
-                nxt = min(nxt, self._remove(n, ci, snodes))
-                continue
-            active[n] = ci
-            nxt = min(nxt, self._sync(g, n, ci, self.rec.history(n), snodes, now))
+        nxt, active = self._passive(seen, snodes)
         # 2. scale down: extra nodes, idle and broken ones first
         extra = len(active) - g.InstanceCount
         if extra > 0:
@@ -124,6 +167,7 @@ class GroupReconciler:
         # 3. scale up: launch missing nodes whose retry is due. A node being rebooted or
         # replaced (or checked) may have no container for a moment: its owner acts, it is
         # not missing.
+        mine = seen.mine
         recovering = {
             n
             for n, (_, _, t) in latest.items()
@@ -131,7 +175,9 @@ class GroupReconciler:
         }
         # on a registered host that does not answer: not missing (the host watcher
         # replaces them, or they come back with their host)
-        recovering |= {n for n in self.c.lost_nodes(mine, latest_all, placed) if group_prefix(n) == prefix}
+        prefix = self.group.lower()
+        lost = self.c.lost_nodes(mine, seen.latest_all, seen.placed)
+        recovering |= {n for n in lost if group_prefix(n) == prefix}
         missing = g.InstanceCount - len(active) - len(recovering)
         used = {ci.index for ci in mine.values()} | {split_node(n)[1] for n in recovering}
         free = [i for i in range(1, g.InstanceCount + len(mine) + len(recovering) + 2) if i not in used]
@@ -149,6 +195,50 @@ class GroupReconciler:
             self._launch(g, due)
             nxt = min(nxt, 0.3)
         return max(nxt, 0.05)
+
+    def sync(self, snodes: SNodes) -> float:
+        """The passive part of a pass alone: what became of the launched nodes (and of nodes
+        being removed). `hp create` drives its groups with it while it waits: it launches
+        nothing, so retries are left to the agent, and a launching node whose container is
+        gone has failed (a pass of the agent would launch it again)."""
+        seen = self._observe()
+        if seen is None:
+            return RESYNC
+        nxt, _ = self._passive(seen, snodes)
+        for n, (ph, _, _) in seen.latest.items():
+            gone = ph == Phase.LAUNCHING.value and n not in seen.mine
+            if gone and (err := not_joined(self.c.p, None, None, "", 0.0)):
+                self.failed(n, err)
+        return max(nxt, 0.05)
+
+    def _observe(self) -> _Seen | None:
+        # The target and the nodes' phases come from one snapshot: a delete-nodes request
+        # writes its marks and the lower target together, and is seen whole.
+        placed = self.c.placements()  # before the phases: see Cluster.lost_nodes
+        row, latest_all = self.c.store.snapshot(self.c.name)
+        if row is None:
+            return None
+        g = self.c.reload(row.spec).group(self.group)
+        if g is None or g.node_type == "Controller":
+            return None
+        prefix = self.group.lower()
+        latest = {n: v for n, v in latest_all.items() if group_prefix(n) == prefix}
+        listed = self.c.current(self.c.p.containers(self.c.name, {L_GROUP: self.group}))
+        mine = {c.node: c for c in listed if c.is_node and c.node}
+        return _Seen(g, latest, latest_all, mine, placed, self.clock())
+
+    def _passive(self, seen: _Seen, snodes: SNodes) -> tuple[float, dict[str, Container]]:
+        """Sync each node that has a container; (when the next pass is needed, the nodes
+        not being removed)."""
+        nxt = RESYNC
+        active: dict[str, Container] = {}
+        for n, ci in seen.mine.items():
+            if seen.latest.get(n, ("",))[0] == Phase.SHUTTING_DOWN.value:
+                nxt = min(nxt, self._remove(n, ci, snodes))
+                continue
+            active[n] = ci
+            nxt = min(nxt, self._sync(seen.group, n, ci, self.rec.history(n), snodes, seen.now))
+        return nxt, active
 
     def _sync(self, g: InstanceGroup, n: str, ci: Container, h: History, snodes: SNodes, now: float) -> float:
         ph = h.phase
@@ -176,29 +266,21 @@ class GroupReconciler:
             self.c.p.remove_container(ci.id)
             self.rec.set(self.group, n, Phase.QUEUED, "a container left half-made by a crash was removed")
             return 0.05
-        if ci.dead:
-            tail = self.c.p.logs(ci.id, tail=3).strip().replace("\n", " | ")[-300:]
-            err = LaunchError(
-                "ContainerExited", f"container exited with code {ci.exit_code} at start: {tail}", retryable=True
-            )
-            self._failed(n, err, ci)
-            return 0.5
-        if not ci.running:
-            return 0.5
-        if ph is not Phase.LAUNCHING:
-            if ph in (None, Phase.LAUNCH_FAILED):
-                self.rec.set(self.group, n, Phase.QUEUED, "container found running")
-            self.rec.set(self.group, n, Phase.LAUNCHING, "container running, waiting for slurmd")
-            h = self.rec.history(n)
-        if self._registered(g, ci, sn):
-            self._joined(g, n, ci)
-            return RESYNC
+        if ci.running:
+            if ph is not Phase.LAUNCHING:
+                if ph in (None, Phase.LAUNCH_FAILED):
+                    self.rec.set(self.group, n, Phase.QUEUED, "container found running")
+                self.rec.set(self.group, n, Phase.LAUNCHING, "container running, waiting for slurmd")
+                h = self.rec.history(n)
+            if self._registered(g, ci, sn):
+                self._joined(g, n, ci)
+                return RESYNC
+        elif not ci.dead:
+            return 0.5  # restarting or paused: looked at again soon
         started = h.since if h.phase is Phase.LAUNCHING and h.since else now
-        if now - started > REGISTER_TIMEOUT:
-            err = LaunchError(
-                "RegistrationTimeout", f"slurmd on {n} did not register within {REGISTER_TIMEOUT:g} s", retryable=True
-            )
-            self._failed(n, err, ci)
+        code = ci.exit_code if ci.dead else None
+        if err := not_joined(self.c.p, ci.id, code, f"slurmd on {n} did not register", now - started):
+            self.failed(n, err, ci.id)
             return 0.5
         return 0.3
 
@@ -208,6 +290,7 @@ class GroupReconciler:
         return sn is not None and not sn.not_responding
 
     def _joined(self, g: InstanceGroup, n: str, ci: Container) -> None:
+        self.failures.pop(n, None)
         nid = node_id(ci.id)
         checks = " (drained until its on-start health checks pass)" if g.OnStartDeepHealthChecks else ""
         self.rec.set(
@@ -222,9 +305,14 @@ class GroupReconciler:
         if g.OnStartDeepHealthChecks and g.node_type == "Compute" and self.on_joined is not None:
             self.on_joined(n)
 
-    def _failed(self, n: str, err: LaunchError, ci: Container | None) -> None:
-        if ci is not None:
-            self.c.p.remove_container(ci.id)  # a fresh container on the next try
+    def failed(self, n: str, err: LaunchError, cid: str | None = None) -> None:
+        """The one place a failed launch is written: its container (`cid`) removed, for a
+        fresh one on the next try; LaunchFailed with the reason, the try's number and its
+        backoff; an event when the reason is new (a retry failing for the same reason adds
+        none)."""
+        if cid is not None:
+            self.c.p.remove_container(cid)
+        self.failures[n] = err.with_traceback(None)  # kept: not the frames it was raised in
         h = self.rec.history(n)
         level = "Warn" if err.code == "InsufficientCapacity" else "Error"
         tries = h.failures_since_running() + 1
@@ -236,30 +324,15 @@ class GroupReconciler:
             Phase.LAUNCH_FAILED,
             f"{err} (retry {tries}, next in {retry:g} s)",
             level=level,
-            # one event per change: a retry failing for the same reason adds none
             event=f"Instance creation in cluster {self.c.name} and instance group {self.group} failed: {err}"
             if new_reason
             else None,
         )
 
     def _launch(self, g: InstanceGroup, indices: list[int]) -> None:
-        for i in indices:
-            n = node_name(self.group, i)
-            if self.rec.history(n).phase is not Phase.QUEUED:
-                self.rec.set(self.group, n, Phase.QUEUED, "waiting for capacity")
-        res = self.launcher.create_many([(g, i) for i in indices])
-        made = [(n, r) for n, r in res.items() if isinstance(r, str)]
-        # in parallel: a start waits for the node's lifecycle script, if its group has one
-        started = dict(zip([n for n, _ in made], parallel(lambda t: self.launcher.start(t[1]), made), strict=True))
-        for n, r in res.items():
-            if isinstance(r, LaunchError):
-                self._failed(n, r, None)
-                continue
-            if err := started[n]:
-                self.c.p.remove_container(r)
-                self._failed(n, err, None)
-                continue
-            self.rec.set(self.group, n, Phase.LAUNCHING, "container started")
+        batch = Launch(self.launcher, {self.group: self}, [(g, i) for i in indices])
+        batch.create()
+        batch.start()
 
     def _close_stale(self, latest: Latest, existing: set[str], wanted: set[str], now: float) -> None:
         """Nodes with no container: one waiting to be launched that the target no longer
@@ -311,3 +384,46 @@ class GroupReconciler:
             event=f"Instance {n} in cluster {self.c.name} and instance group {self.group} was removed",
         )
         return 0.1
+
+
+class Launch:
+    """One batch of launches over any groups, each node recorded by its group's
+    reconciler: `create` records the nodes Queued and makes their containers in one go
+    (capacity is decided for the whole batch), `start` starts them in parallel, all or
+    some at a time (a start waits for the node's lifecycle script, if its group has one):
+    Launching, or failed. The agent's reconciler launches one group's missing nodes with
+    it; `hp create` every group's, while slurmctld boots."""
+
+    def __init__(
+        self, launcher: Launcher, recs: Mapping[str, GroupReconciler], wanted: list[tuple[InstanceGroup, int]]
+    ):
+        self.launcher = launcher
+        self.wanted = wanted
+        self.rec_of = {node_name(g.InstanceGroupName, i): recs[g.InstanceGroupName] for g, i in wanted}
+        self.made: dict[str, str] = {}  # node -> its container, once created
+        self.stopped = False  # a create being rolled back: starts still under way record nothing
+
+    def create(self, files: FileMap | None = None) -> dict[str, str]:
+        """Queued, then the containers; node -> container id of those made (the others failed)."""
+        for n, r in self.rec_of.items():
+            if r.rec.history(n).phase is not Phase.QUEUED:
+                r.rec.set(r.group, n, Phase.QUEUED, "waiting for capacity")
+        for n, res in self.launcher.create_many(self.wanted, files).items():
+            if isinstance(res, LaunchError):
+                self.rec_of[n].failed(n, res)
+            else:
+                self.made[n] = res
+        return dict(self.made)
+
+    def start(self, nodes: Iterable[str] | None = None) -> None:
+        """Start these made nodes (default: all), in parallel."""
+        todo = [(n, self.made[n]) for n in (self.made if nodes is None else nodes)]
+        errors = parallel(lambda t: self.launcher.start(t[1]), todo)
+        if self.stopped:
+            return
+        for (n, cid), err in zip(todo, errors, strict=True):
+            r = self.rec_of[n]
+            if err:
+                r.failed(n, err, cid)
+            else:
+                r.rec.set(r.group, n, Phase.LAUNCHING, "container started")
