@@ -25,16 +25,7 @@ from typing import Any, Protocol
 class EventLog(Protocol):
     """Where a bug is recorded as an `hp events` entry: hp's store (state/store.py)."""
 
-    def event(
-        self,
-        cluster: str,
-        resource_type: str,
-        level: str,
-        description: str,
-        group: str | None = None,
-        node_id: str | None = None,
-        node: str | None = None,
-    ) -> None: ...
+    def event(self, cluster: str, kind: str, level: str, text: str, *where: Any, **named: Any) -> None: ...
 
 
 class HpError(Exception):

@@ -85,26 +85,19 @@ def until(
     probe: Callable[[], T],
     done: Callable[[T], bool] = bool,
     *,
-    every: float,
-    timeout: float | None = None,
-    deadline: float | None = None,
-    attempts: int | None = None,
-    retry_on: type[BaseException] | tuple[type[BaseException], ...] = (),
     what: str = "waiting",
     error: Callable[[T], BaseException] | None = None,
-    clock: Clock | None = None,
-    sleep: Sleep | None = None,
+    **look: Any,
 ) -> T:
     """The first value of `probe` that is `done`; at the deadline raises `error(last)`
-    (TimedOut naming `what` when no `error` is given)."""
-    clock = clock or time.monotonic
-    start = clock()
-    end = _end(start, timeout, deadline)
-    ok, last = _looks(probe, done, every, end, attempts, retry_on, clock, sleep)
-    if ok:
+    (TimedOut naming `what` when no `error` is given). `look`: poll's keywords."""
+    start = (look.get("clock") or time.monotonic)()
+    last = poll(probe, done, **look)
+    if done(last):
         return last
     if error is not None:
         raise error(last)
+    end = _end(start, look.get("timeout"), look.get("deadline"))
     raise TimedOut(what, None if end is None else end - start, last)
 
 

@@ -37,7 +37,7 @@ from ..core import capacity, placement
 from ..core.across_hosts import ensure_fileserver, host_problems, placement_problems, prove_traffic
 from ..core.context import Cluster, Env
 from ..core.launcher import Launcher
-from ..docker.images import CHECK_IMAGES, GPU_IMAGES, MULTIHOST_IMAGES, NODE_IMAGES, SERVICE_IMAGES
+from ..docker import images as image_sets  # read at each call: a test may narrow a set
 from ..errors import BadInput, HpError, LaunchError, OperationFailed, WaitTimeout
 from ..health.requests.gpu_check import thresholds_checked
 from ..naming import container_name, database_volume, labels, network_name, shared_volume, state_volume
@@ -104,10 +104,10 @@ def image_defs(spec: ClusterSpec, catalogue: dict | None = None, multihost: bool
     images (Accounting, Rest); with registered hosts, the /home-mounting node image and
     the file server."""
     services = {"accounting": spec.accounting, "database": spec.accounting, "rest": spec.rest}
-    defs = NODE_IMAGES + tuple(d for d in SERVICE_IMAGES if services[d.name])
-    defs += MULTIHOST_IMAGES if multihost else ()
-    defs += CHECK_IMAGES if any(g.OnStartDeepHealthChecks for g in spec.InstanceGroups) else ()
-    return defs + (GPU_IMAGES if catalogue is not None and has_gpus(spec, catalogue) else ())
+    defs = image_sets.NODE_IMAGES + tuple(d for d in image_sets.SERVICE_IMAGES if services[d.name])
+    defs += image_sets.MULTIHOST_IMAGES if multihost else ()
+    defs += image_sets.CHECK_IMAGES if any(g.OnStartDeepHealthChecks for g in spec.InstanceGroups) else ()
+    return defs + (image_sets.GPU_IMAGES if catalogue is not None and has_gpus(spec, catalogue) else ())
 
 
 def capacity_problems(
@@ -223,7 +223,10 @@ class Creating:
         groups = [g for g in cluster.spec.InstanceGroups if g.node_type != "Controller"]
         self.types = {g.InstanceGroupName: g.node_type for g in groups}
         # the agent's reconcilers, one per group, driven here until the create is done
-        self.recs = {g.InstanceGroupName: GroupReconciler(cluster, g.InstanceGroupName, self.launcher) for g in groups}
+        self.recs = {
+            g.InstanceGroupName: GroupReconciler(cluster, g.InstanceGroupName, self.launcher, announce=False)
+            for g in groups
+        }
         self.nodes = Launch(self.launcher, self.recs, [(g, i) for g in groups for i in range(1, g.InstanceCount + 1)])
         self.later: list[str] = []  # nodes started once slurmctld answers
         self.early: Future[None] | None = None  # nodes started while it boots

@@ -122,8 +122,10 @@ class GroupReconciler:
         launcher: Launcher,
         on_joined: Callable[[str], None] | None = None,
         clock: Callable[[], float] | None = None,
+        announce: bool = True,
     ):
         self.c = cluster
+        self.announce = announce  # an event for each node that joined (hp create's own nodes: none, as before)
         self.group = group
         self.launcher = launcher
         self.rec = Recorder(cluster)
@@ -300,7 +302,9 @@ class GroupReconciler:
             "",
             node_id=nid,
             event=f"Instance {nid} ({n}) in cluster {self.c.name} and instance group {self.group} is running "
-            f"and joined Slurm{checks}",
+            f"and joined Slurm{checks}"
+            if self.announce
+            else None,
         )
         if g.OnStartDeepHealthChecks and g.node_type == "Compute" and self.on_joined is not None:
             self.on_joined(n)

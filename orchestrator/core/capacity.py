@@ -24,7 +24,7 @@ from pathlib import Path
 from ..docker.provider import Provider
 from ..docker.views import Container
 from ..errors import TRANSIENT, BadInput, InsufficientCapacity
-from ..gpu.inventory import discover
+from ..gpu import inventory
 from ..spec.catalogue import InstanceType
 from ..state.store import Store
 
@@ -86,7 +86,7 @@ def host_pool(provider: Provider, store: Store | None, gpus_too: bool = True) ->
         return Pool(cpus=float(info.cpus) * factor, memory_mib=info.memory_mib, gpus=[], gpu_models={}, gpu_note="")
 
     try:
-        g = discover(provider, store)
+        g = inventory.discover(provider, store)
         gpus, models, note = g.ids, g.model_of(), g.why or g.summary()
     except TRANSIENT as e:  # no cached result and the engine failed: no GPU for now
         gpus, models, note = [], {}, f"GPU discovery failed: {str(e)[:200]}"

@@ -18,7 +18,8 @@ from ..docker.images import MULTIHOST_IMAGES, NODE_IMAGES, Images
 from ..docker.provider import Provider
 from ..docker.views import Container
 from ..errors import TRANSIENT, BadInput, NotFound
-from ..gpu.inventory import HostGpuInfo, discover
+from ..gpu import inventory
+from ..gpu.inventory import HostGpuInfo
 from ..naming import container_name
 from ..slurm.client import Slurm
 from ..slurm.conf import controller_node
@@ -91,7 +92,7 @@ class Env:
         the one engine's, or a registered host's (the first one when `host` is "")."""
         engines = self.provider.engines()
         engine = engines.get(host) or next(iter(engines.values()))
-        return discover(engine, self.store, refresh=refresh)
+        return inventory.discover(engine, self.store, refresh=refresh)
 
     @cached_property
     def images(self) -> Images:

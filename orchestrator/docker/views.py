@@ -37,8 +37,22 @@ class Limits:
         return self.memory_bytes / 2**20 if self.memory_bytes else None
 
 
+class _Labelled:
+    """What a container's or an event's labels say of hp's node."""
+
+    labels: dict[str, str]
+
+    @property
+    def node(self) -> str | None:
+        return self.labels.get(L_NODE)
+
+    @property
+    def role(self) -> str:
+        return self.labels.get(L_ROLE, "")
+
+
 @dataclass(frozen=True)
-class Container:
+class Container(_Labelled):
     """One container, as listed (cheap: one call lists them all)."""
 
     id: str
@@ -50,14 +64,6 @@ class Container:
     image: str
     ip: str | None
     host: str = ""  # the engine (host) it lives on; "" for the single local engine
-
-    @property
-    def node(self) -> str | None:
-        return self.labels.get(L_NODE)
-
-    @property
-    def role(self) -> str:
-        return self.labels.get(L_ROLE, "")
 
     @property
     def group(self) -> str:
@@ -147,7 +153,7 @@ class Volume:
 
 
 @dataclass(frozen=True)
-class Event:
+class Event(_Labelled):
     """A container event of one of hp's containers (die, start, oom, destroy, create...)."""
 
     action: str
@@ -156,14 +162,6 @@ class Event:
     time: float
     exit_code: int | None = None
     host: str = ""
-
-    @property
-    def node(self) -> str | None:
-        return self.labels.get(L_NODE)
-
-    @property
-    def role(self) -> str:
-        return self.labels.get(L_ROLE, "")
 
 
 @dataclass(frozen=True)

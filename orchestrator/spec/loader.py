@@ -236,6 +236,17 @@ class _JsonDecoder(json.JSONDecoder):
         if self.depth > MAX_DEPTH:
             raise _Refused(self._lineno(end), f"values are nested deeper than {MAX_DEPTH} levels")
 
+    @staticmethod
+    def _after_item(s: str, end: int, closer: str) -> tuple[bool, int]:
+        """After an object's member or an array's item: (closed, where the next one starts)."""
+        end = _WS.match(s, end).end()
+        c = s[end : end + 1]
+        if c == closer:
+            return True, end + 1
+        if c != ",":
+            raise JSONDecodeError("Expecting ',' delimiter", s, end)
+        return False, _WS.match(s, end + 1).end()
+
     def _object(self, s_and_end: tuple[str, int], strict: bool, scan_once: Any, *_: Any) -> tuple[dict, int]:
         s, end = s_and_end
         self._enter(s, end)
@@ -259,14 +270,9 @@ class _JsonDecoder(json.JSONDecoder):
                 raise JSONDecodeError("Expecting ':' delimiter", s, end)
             end = _WS.match(s, end + 1).end()
             out[key], end = self._value(s, end, scan_once)
-            end = _WS.match(s, end).end()
-            c = s[end : end + 1]
-            end += 1
-            if c == "}":
+            closed, end = self._after_item(s, end, "}")
+            if closed:
                 break
-            if c != ",":
-                raise JSONDecodeError("Expecting ',' delimiter", s, end - 1)
-            end = _WS.match(s, end).end()
         self.depth -= 1
         return out, end
 
@@ -281,14 +287,9 @@ class _JsonDecoder(json.JSONDecoder):
         while True:
             v, end = self._value(s, end, scan_once)
             out.append(v)
-            end = _WS.match(s, end).end()
-            c = s[end : end + 1]
-            end += 1
-            if c == "]":
+            closed, end = self._after_item(s, end, "]")
+            if closed:
                 break
-            if c != ",":
-                raise JSONDecodeError("Expecting ',' delimiter", s, end - 1)
-            end = _WS.match(s, end).end()
         self.depth -= 1
         return out, end
 

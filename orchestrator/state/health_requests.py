@@ -112,14 +112,8 @@ class Records:
             if cur.rowcount != 1:
                 return None
             on_start = bool(options.get("on_start"))
-            self.s.insert_event(
-                db,
-                cluster,
-                "Cluster",
-                edge.level,
-                edge.event(rid, "", requested(checks, groups, nodes, on_start)),
-                groups[0] if on_start else None,
-            )
+            text = edge.event(rid, "", requested(checks, groups, nodes, on_start))
+            self.s.event(cluster, "Cluster", edge.level, text, groups[0] if on_start else None, db=db)
         return rid
 
     def forget(self, cluster: str) -> None:
@@ -172,7 +166,7 @@ class Records:
                 (new.value, message, None if new in ACTIVE else self.s.clock(), rid),
             )
             if edge.level is not None:
-                self.s.insert_event(db, rows[0][1], "Cluster", level or edge.level, edge.event(rid, message, detail))
+                self.s.event(rows[0][1], "Cluster", level or edge.level, edge.event(rid, message, detail), db=db)
             return True
 
     def set_verdicts(self, rid: str, verdicts: dict[str, str], results: dict[str, str]) -> None:

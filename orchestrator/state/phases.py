@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from enum import Enum
+from enum import Enum, StrEnum
 
 from tenacity import wait_exponential
 
@@ -19,7 +19,7 @@ from ..errors import InvalidTransition
 from ..waits import slept_after
 
 
-class Phase(str, Enum):
+class Phase(StrEnum):
     QUEUED = "Queued"  # wanted, no container: waiting for capacity or for its retry
     LAUNCHING = "Launching"  # container created/started, slurmd not registered yet
     RUNNING = "Running"  # registered in Slurm (or answering, for controller and login nodes)
@@ -30,14 +30,11 @@ class Phase(str, Enum):
     SHUTTING_DOWN = "ShuttingDown"  # draining, then removed from Slurm, then its container
     REMOVED = "Removed"  # gone on purpose (scale-down, delete-nodes): terminal
 
-    def __str__(self) -> str:
-        return self.value
-
 
 P = Phase
 
 
-class InstanceStatus(str, Enum):
+class InstanceStatus(StrEnum):
     """What `hp nodes` shows of a node (HyperPod's InstanceStatus): derived from its
     phase and what Docker and Slurm report now (state/status.py)."""
 
@@ -47,9 +44,6 @@ class InstanceStatus(str, Enum):
     CHECKING = "DeepHealthCheckInProgress"
     SHUTTING_DOWN = "ShuttingDown"
     NOT_FOUND = "NotFound"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 S = InstanceStatus

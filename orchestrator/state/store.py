@@ -289,7 +289,7 @@ class Store:
     def _note(self, db: sqlite3.Connection, cluster: str, level: str | None, text: str) -> None:
         """A status change's event (level None: the edge writes none), in the writer's transaction."""
         if level is not None:
-            self.insert_event(db, cluster, "Cluster", level, text)
+            self.event(cluster, "Cluster", level, text, db=db)
 
     def update_spec(
         self,
@@ -362,27 +362,21 @@ class Store:
         group: str | None = None,
         node_id: str | None = None,
         node: str | None = None,
+        *,
+        db: sqlite3.Connection | None = None,
     ) -> None:
-        with self._lock:
-            self.insert_event(self._db, cluster, resource_type, level, description, group, node_id, node)
-
-    def insert_event(
-        self,
-        db: sqlite3.Connection,
-        cluster: str,
-        resource_type: str,
-        level: str,
-        description: str,
-        group: str | None = None,
-        node_id: str | None = None,
-        node: str | None = None,
-    ) -> None:
-        """An event, on `db` (inside a writer's transaction: written with the change it tells of)."""
-        db.execute(
+        """An event; on `db` when given (inside a writer's transaction: written with the
+        change it tells of), else on its own."""
+        sql = (
             "INSERT INTO events (cluster, time, resource_type, level, group_name, node_id, node, description, incarnation)"
-            " VALUES (?,?,?,?,?,?,?,?, COALESCE((SELECT incarnation FROM clusters WHERE name=?), ''))",
-            (cluster, self.clock(), resource_type, level, group, node_id, node, description, cluster),
+            " VALUES (?,?,?,?,?,?,?,?, COALESCE((SELECT incarnation FROM clusters WHERE name=?), ''))"
         )
+        args = (cluster, self.clock(), resource_type, level, group, node_id, node, description, cluster)
+        if db is not None:
+            db.execute(sql, args)
+            return
+        with self._lock:
+            self._db.execute(sql, args)
 
     def _incarnation(self, cluster: str) -> str | None:
         """The incarnation whose events `hp events NAME` shows: the live cluster's, else

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from enum import Enum
+from enum import Enum, StrEnum
 from typing import TypeVar
 
 from ..errors import InvalidTransition
 
 
-class ClusterStatus(str, Enum):
+class ClusterStatus(StrEnum):
     """A cluster's recorded status (HyperPod's ClusterStatus, plus Degraded)."""
 
     CREATING = "Creating"
@@ -29,11 +29,8 @@ class ClusterStatus(str, Enum):
     DELETING = "Deleting"
     DEGRADED = "Degraded"  # its controller's host does not answer: Slurm is down until it returns
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class GroupStatus(str, Enum):
+class GroupStatus(StrEnum):
     """An instance group's status, derived from its nodes each time (state/status.py):
     never recorded, so it has no transition table."""
 
@@ -43,11 +40,8 @@ class GroupStatus(str, Enum):
     DEGRADED = "Degraded"
     FAILED = "Failed"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class RequestState(str, Enum):
+class RequestState(StrEnum):
     """A deep health-check request's state (`hp health-check status`)."""
 
     PENDING = "Pending"  # recorded; its worker (or the agent, on start) is about to run it
@@ -55,9 +49,6 @@ class RequestState(str, Enum):
     COMPLETED = "Completed"  # ran to its end: the verdicts are recorded (passed or not)
     FAILED = "Failed"  # the request itself failed (not its checks): its worker died, bad options, an error
     CANCELLED = "Cancelled"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 S = ClusterStatus
