@@ -250,17 +250,22 @@ def test_the_floors_are_the_documented_ones() -> None:
     assert documented == list(FLOORS)
 
 
+def absolute_imports(node: ast.AST) -> list[str]:
+    """The modules an import statement names absolutely (none for another node)."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+        return [node.module]
+    return []
+
+
 def test_only_the_docker_package_imports_docker_py() -> None:
     offenders = []
     for p in modules():
         if rel(p).startswith("docker/"):
             continue
         for node in ast.walk(ast.parse(p.read_text())):
-            names = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = [node.module]
+            names = absolute_imports(node)
             offenders += [
                 f"{rel(p)}:{node.lineno} imports {n}"
                 for n in names
@@ -334,11 +339,7 @@ def test_only_the_state_package_touches_sqlite() -> None:
         if rel(p).startswith("state/"):
             continue
         for node in ast.walk(ast.parse(p.read_text())):
-            names = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = [node.module]
+            names = absolute_imports(node)
             offenders += [f"{rel(p)}:{node.lineno} imports {n}" for n in names if n.split(".")[0] == "sqlite3"]
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
                 text = node.value.lstrip()  # hp writes its SQL in capitals (Accounting's MariaDB probe does not)
