@@ -410,7 +410,10 @@ class Launch:
     def create(self, files: FileMap | None = None) -> dict[str, str]:
         """Queued, then the containers; node -> container id of those made (the others failed)."""
         for n, r in self.rec_of.items():
-            if r.rec.history(n).phase is not Phase.QUEUED:
+            h = r.rec.history(n)
+            if h.phase is Phase.LAUNCH_FAILED:
+                r.rec.set(r.group, n, Phase.QUEUED, f"being launched again (try {h.failures_since_running() + 1})")
+            elif h.phase is not Phase.QUEUED:
                 r.rec.set(r.group, n, Phase.QUEUED, "waiting for capacity")
         for n, res in self.launcher.create_many(self.wanted, files).items():
             if isinstance(res, LaunchError):

@@ -272,6 +272,12 @@ def test_continuous_create_waits_for_login_nodes_and_leaves_retries_to_the_agent
     assert phases(w, "lab")["login-1"] == "Running" and phases(w, "lab")["cpu-1"] == "Launching"
     assert [p for p, _ in history(w, "lab", "cpu-2")] == ["Queued", "LaunchFailed"]  # tried once: the agent retries
     assert "ContainerStartFailed: device busy (retry 1" in history(w, "lab", "cpu-2")[-1][1]
+    # the agent's retry says which try it is, not that the node waits for capacity
+    reconcile(w, "lab", "cpu", passes=1, clock=lambda: now[0] + 60)
+    assert history(w, "lab", "cpu-2")[-2:] == [
+        ("Queued", "being launched again (try 2)"),
+        ("LaunchFailed", "ContainerStartFailed: device busy (retry 2, next in 2 s)"),
+    ]
 
 
 def test_a_controller_that_exits_at_start_is_made_again_in_continuous_mode(tmp_path, monkeypatch):
