@@ -319,7 +319,7 @@ class GroupReconciler:
         self.failures[n] = err.with_traceback(None)  # kept: not the frames it was raised in
         h = self.rec.history(n)
         level = "Warn" if err.code == "InsufficientCapacity" else "Error"
-        tries = h.failures_since_running() + 1
+        tries = h.try_number()
         retry = BACKOFF.delay(tries)
         new_reason = not (h.phase is Phase.LAUNCH_FAILED and h.message.startswith(f"{err.code}:"))
         self.rec.set(
@@ -412,7 +412,7 @@ class Launch:
         for n, r in self.rec_of.items():
             h = r.rec.history(n)
             if h.phase is Phase.LAUNCH_FAILED:
-                r.rec.set(r.group, n, Phase.QUEUED, f"being launched again (try {h.failures_since_running() + 1})")
+                r.rec.set(r.group, n, Phase.QUEUED, f"being launched again (try {h.try_number()})")
             elif h.phase is not Phase.QUEUED:
                 r.rec.set(r.group, n, Phase.QUEUED, "waiting for capacity")
         for n, res in self.launcher.create_many(self.wanted, files).items():

@@ -220,6 +220,11 @@ class History:
                 n += 1
         return n
 
+    def try_number(self) -> int:
+        """The number of the launch under way (or that just failed, before it is written):
+        1 for a node's first launch since it last ran."""
+        return self.failures_since_running() + 1
+
     def next_retry(self, backoff: Backoff) -> float | None:
         """When a failed launch may be tried again (None: not waiting for a retry)."""
         if self.phase is not P.LAUNCH_FAILED or self.since is None:

@@ -121,7 +121,7 @@ def test_history_derives_retries_and_backoff():
     b = Backoff(initial=1, maximum=10)
     assert [b.delay(i) for i in range(1, 7)] == [1, 2, 4, 8, 10, 10]
     h = History([("Queued", "", 0.0), ("LaunchFailed", "x", 10.0), ("Queued", "", 11.0), ("LaunchFailed", "y", 12.0)])
-    assert h.failures_since_running() == 2
+    assert h.failures_since_running() == 2 and h.try_number() == 3
     assert not h.retry_due(13.9, b) and h.retry_due(14.0, b) and h.next_retry(b) == 14.0
     h2 = History(h.rows + [("Launching", "", 15.0), ("Running", "", 16.0), ("Rebooting", "", 20.0)])
-    assert h2.failures_since_running() == 0 and h2.retry_due(0, b)
+    assert h2.failures_since_running() == 0 and h2.try_number() == 1 and h2.retry_due(0, b)
