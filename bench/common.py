@@ -66,7 +66,11 @@ def spec_doc(name: str, n: int, itype: str = "bench.tiny", login: bool = False, 
 
 def floor(n: int, itype: str = "bench.tiny") -> float:
     """Seconds from nothing to n idle Slurm nodes, with plain docker-py calls: the same
-    images and slurm.conf, no orchestration (no state, no capacity, no labels logic)."""
+    images and slurm.conf, no orchestration (no state, no capacity, no labels logic). The
+    fastest order found: every container created at once on threads, the controller
+    started first and each worker as soon as it is made (the image's entry starts slurmd
+    once slurmctld listens, polling every 0.1 s), Slurm polled every 0.05 s. (Workers
+    started only after `scontrol ping` answered: 10-20% slower at N = 4 here.)"""
     os.environ.setdefault("HP_INSTANCE_TYPES", "")
     p = DockerProvider()
     with tempfile.TemporaryDirectory() as tmp:
@@ -85,17 +89,17 @@ def floor(n: int, itype: str = "bench.tiny") -> float:
         try:
             t0 = time.monotonic()
             p.api.create_network(net, driver="bridge", labels=lab)
-            ctl = p.create_container(
-                ContainerSpec(
-                    name=f"{net}-ctl", image=imgs["controller"], hostname="controller-1", labels=lab, network=net
+
+            def controller() -> str:
+                cid = p.create_container(
+                    ContainerSpec(
+                        name=f"{net}-ctl", image=imgs["controller"], hostname="controller-1", labels=lab, network=net
+                    )
                 )
-            )
-            ids.append(ctl)
-            p.put_files(ctl, "/etc/slurm", {"slurm.conf": (conf, 0o644, 0), "slurm.key": (key, 0o600, 64030)})
-            p.start(ctl)
-            slurm = Slurm(p, ctl)
-            while not slurm.ping():
-                time.sleep(0.1)
+                ids.append(cid)
+                p.put_files(cid, "/etc/slurm", {"slurm.conf": (conf, 0o644, 0), "slurm.key": (key, 0o600, 64030)})
+                p.start(cid)
+                return cid
 
             def worker(i: int) -> str:
                 cid = p.create_container(
@@ -110,14 +114,17 @@ def floor(n: int, itype: str = "bench.tiny") -> float:
                         memory_bytes=t.memory_mib * 2**20,
                     )
                 )
+                ids.append(cid)
                 p.put_files(cid, "/etc/slurm", {"slurm.key": (key, 0o600, 0)})
                 p.start(cid)
                 return cid
 
             with ThreadPoolExecutor(32) as ex:
-                ids += list(ex.map(worker, range(1, n + 1)))
+                ctl = ex.submit(controller)
+                list(ex.map(worker, range(1, n + 1)))
+                slurm = Slurm(p, ctl.result())
             while sum(1 for x in slurm.nodes() if x.usable) < n:
-                time.sleep(0.2)
+                time.sleep(0.05)
             return time.monotonic() - t0
         finally:
             with ThreadPoolExecutor(32) as ex:

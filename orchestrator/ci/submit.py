@@ -75,8 +75,8 @@ def submit(
         raise BadInput(problems, "cannot submit")
     cluster = env.cluster(name)
     p = env.provider
-    target = exec_target(env, name, None)
-    if target == cluster.controller_container:  # only login and compute nodes share /home
+    target, on_controller = exec_target(env, name, None)
+    if on_controller:  # only login and compute nodes share /home
         raise BadInput(f"cluster {name!r} has no running login node: hp submit runs jobs from one", "cannot submit")
     home = f"/home/{DEFAULT_USER}"
     jobdir = f"{home}/hp-submit"

@@ -258,7 +258,7 @@ def exec_(
     if not cmd:
         raise BadInput("no command given: hp exec NAME -- CMD...")
     e = env()
-    target = exec_target(e, name, node)
+    target, on_controller = exec_target(e, name, node)
     e.agents.ensure(name)
 
     def write(data: bytes, err: bool) -> None:
@@ -267,7 +267,7 @@ def exec_(
         s.flush()
 
     interactive = sys.stdin.isatty() and sys.stdout.isatty()  # a terminal: attach one (hp exec lab -- bash)
-    raise typer.Exit(run_exec(e, target, cmd, root, write, interactive))
+    raise typer.Exit(run_exec(e, target, cmd, root, write, interactive, on_controller))
 
 
 def delete(name: str, json_out: bool = JsonOpt) -> None:

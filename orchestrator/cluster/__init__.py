@@ -7,9 +7,6 @@
 - exec.py: `exec_target`, `run_exec` (`hp exec`).
 
 They stand on the cluster core (orchestrator/core/) and the services, recovery, hosts
-and health packages; nothing below them imports this package.
+and health packages; nothing below them imports this package. Each is imported by what
+uses it (nothing here: `hp exec` does not load what `hp create` needs).
 """
-
-from . import create, delete, exec, query, scaling, waiting
-
-__all__ = ["create", "delete", "exec", "query", "scaling", "waiting"]

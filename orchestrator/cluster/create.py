@@ -280,11 +280,11 @@ class Creating:
 
     def make_nodes(self) -> None:
         """Every login and compute node Queued and its container made, while slurmctld
-        boots. Those with a lifecycle script (with registered hosts: every node) start at
-        once, on a thread; GPU nodes wait for gres.conf, which needs slurmctld."""
+        boots; they start at once, on a thread (their lifecycle scripts run meanwhile, and
+        their daemons start when slurmctld listens: images/node/hp-entry). GPU nodes wait
+        for gres.conf, which needs slurmctld."""
         made = self.nodes.create()
-        every, gpus = self.c.multihost, self.launcher.gpu_cids
-        early = [n for n, cid in made.items() if cid not in gpus and (every or self.launcher.has_oncreate(cid))]
+        early = [n for n, cid in made.items() if cid not in self.launcher.gpu_cids]
         self.later = [n for n in made if n not in early]
         if early:
             ex = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hp-early-start")

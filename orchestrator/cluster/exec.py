@@ -11,8 +11,9 @@ from ..naming import container_name
 Write = Callable[[bytes, bool], None]  # (data, is stderr)
 
 
-def exec_target(env: Env, name: str, node: str | None) -> str:
-    """Container to run a command in: the named node, else a login node, else the controller."""
+def exec_target(env: Env, name: str, node: str | None) -> tuple[str, bool]:
+    """Container to run a command in: the named node, else a login node, else the
+    controller; and whether it is the controller's."""
     cluster = env.cluster(name)
     containers = cluster.node_containers()
     if node is not None:
@@ -30,20 +31,25 @@ def exec_target(env: Env, name: str, node: str | None) -> str:
                 f"node {node} of cluster {name!r} is not running (container {c.state}, "
                 f"exit code {c.exit_code}); see 'hp nodes {name}'"
             )
-        return c.name
+        return c.name, c.role == "controller"
     login = sorted((c for c in containers.values() if c.role == "login" and c.running), key=lambda c: c.name)
     if login:
-        return login[0].name
-    return container_name(name, cluster.controller_node)
+        return login[0].name, False
+    ctl = next((c.name for c in containers.values() if c.role == "controller"), None)
+    return ctl or container_name(name, cluster.controller_node), True
 
 
-def run_exec(env: Env, container: str, cmd: list[str], root: bool, write: Write, interactive: bool = False) -> int:
-    """Run cmd in the container as the default user (or root), stream its output, return its exit code."""
+def run_exec(
+    env: Env, container: str, cmd: list[str], root: bool, write: Write, interactive: bool = False, controller: bool = True
+) -> int:
+    """Run cmd in the container as the default user (or root), stream its output, return its exit code.
+    `controller`: the container is the cluster's controller, which has no shared /home (the
+    default user's home is made there first; a login or compute node made it when it booted)."""
     user = "root" if root else DEFAULT_USER
     workdir = "/root" if root else f"/home/{DEFAULT_USER}"
     environment = None if root else {"HOME": workdir, "USER": DEFAULT_USER}
     p = env.provider
-    if not root:  # the shared home is created by the first node that boots; be sure it is there
+    if not root and controller:
         p.exec(container, ["install", "-d", "-o", str(DEFAULT_UID), "-g", str(DEFAULT_UID), workdir])
     if interactive:
         return p.exec_interactive(container, cmd, user=user, workdir=workdir, environment=environment)

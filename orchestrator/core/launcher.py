@@ -72,10 +72,6 @@ class Launcher:
         """GPU nodes created by this launcher (started only once gres.conf is in force)."""
         return set(self._gpu_cids)
 
-    def has_oncreate(self, cid: str) -> bool:
-        """A node created by this launcher whose start runs its group's lifecycle script."""
-        return cid in self._oncreate
-
     @property
     def gres_pending(self) -> bool:
         """gres.conf was written and slurmctld not reconfigured since (kept in the store:

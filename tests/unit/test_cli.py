@@ -330,8 +330,12 @@ def test_exec_runs_on_the_login_node_as_the_default_user_and_exits_with_its_code
             "environment": {"HOME": "/home/hpuser", "USER": "hpuser"},
         }
     ]
-    assert ("exec", "install -d -o 1000 -g 1000 /home/hpuser") in hp.w.provider.calls  # its home is made first
+    # one call: the login node made the shared home when it booted (images/node/hp-entry)
+    assert not [c for c in hp.w.provider.calls if c[1].startswith("install")]
     assert hp("exec", "lab", "--", "false").code == 7
+    # the controller has no shared /home: the default user's home is made there first
+    assert hp("exec", "lab", "--node", "controller-1", "--", "true").code == 0
+    assert ("exec", "install -d -o 1000 -g 1000 /home/hpuser") in hp.w.provider.calls
 
 
 def test_exec_on_a_chosen_node_as_root(hp: Hp, execs: list) -> None:
