@@ -40,7 +40,13 @@ def exec_target(env: Env, name: str, node: str | None) -> tuple[str, bool]:
 
 
 def run_exec(
-    env: Env, container: str, cmd: list[str], root: bool, write: Write, interactive: bool = False, controller: bool = True
+    env: Env,
+    container: str,
+    cmd: list[str],
+    root: bool,
+    write: Write,
+    interactive: bool = False,
+    controller: bool = True,
 ) -> int:
     """Run cmd in the container as the default user (or root), stream its output, return its exit code.
     `controller`: the container is the cluster's controller, which has no shared /home (the
