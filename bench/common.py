@@ -132,6 +132,37 @@ def floor(n: int, itype: str = "bench.tiny") -> float:
             remove_network(p, net)  # as hp's delete: Docker may count the endpoints a moment longer
 
 
+def start_floor(n: int) -> float:
+    """Seconds to create and start n containers of hp's worker image on one new bridge
+    network, all at once on threads, each only sleeping: Docker's own cost of the
+    containers a create starts (with no daemon booting in them, and no waits)."""
+    p = DockerProvider()
+    image = Images(p).refs()["worker"]
+    net = f"floor-start{secrets.token_hex(3)}"
+    lab = {"io.hp.bench": net}
+    ids: list[str] = []
+    try:
+        t0 = time.monotonic()
+        p.api.create_network(net, driver="bridge", labels=lab)
+
+        def one(i: int) -> None:
+            cid = p.create_container(
+                ContainerSpec(
+                    name=f"{net}-{i}", image=image, hostname=f"c-{i}", labels=lab, network=net, command=["sleep", "1d"]
+                )
+            )
+            ids.append(cid)
+            p.start(cid)
+
+        with ThreadPoolExecutor(32) as ex:
+            list(ex.map(one, range(n)))
+        return time.monotonic() - t0
+    finally:
+        with ThreadPoolExecutor(32) as ex:
+            list(ex.map(p.remove_container, ids))
+        remove_network(p, net)
+
+
 def hp(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     r = subprocess.run(
         [sys.executable, "-m", "orchestrator.cli", *args], env=env, cwd=ROOT, capture_output=True, text=True

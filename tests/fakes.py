@@ -11,7 +11,7 @@
   containers that start register in it (with the drain their slurmd --conf asks for)
   when `auto_register` is on, as slurmd would. Accounting answers from `acct_ping` (or,
   by default, from the services' containers: slurmdbd running and the database too).
-- service_started(c): the cluster services' containers say they are ready in their log
+- service_started(p): the cluster services' containers say they are ready in their log
   when they start (MariaDB's "ready for connections", slurmdbd's "... started").
 - FakeAgents: agent process control that starts nothing.
 - world(): an Env wired with all three and a private Store; multi_world(): the same
@@ -488,11 +488,23 @@ def gpu_host(p: FakeProvider, n: int = 1, runtime: bool = False) -> None:
 READY_LINES = {"database": "mariadbd: ready for connections.", "accounting": "slurmdbd version 24.11.5 started"}
 
 
-def service_started(c: FakeContainer) -> None:
-    """A cluster service's container says it is ready, as the real ones do."""
-    line = READY_LINES.get(c.spec.labels.get("io.hp.role", ""))
-    if line:
-        c.logs += line + "\n"
+def service_started(p: FakeProvider) -> Callable[[FakeContainer], None]:
+    """A cluster service's container says it is ready, as the real ones do: slurmdbd
+    only when its cluster's database runs (its entry waits for the database to answer)."""
+
+    def hook(c: FakeContainer) -> None:
+        role = c.spec.labels.get("io.hp.role", "")
+        if role == "accounting" and not any(
+            x.spec.labels.get("io.hp.role") == "database"
+            and x.spec.labels.get(L_CLUSTER) == c.spec.labels.get(L_CLUSTER)
+            and x.state == "running"
+            for x in p.containers_.values()
+        ):
+            return
+        if line := READY_LINES.get(role):
+            c.logs += line + "\n"
+
+    return hook
 
 
 def _match(labels: dict[str, str], cluster: str | None) -> bool:
@@ -705,7 +717,7 @@ def world(tmp_path: Path, cpus: int = 8, memory_mib: int = 16384, build: bool = 
     slurm = FakeSlurm()
     slurm.provider = p
     p.on_start.append(slurm.register)
-    p.on_start.append(service_started)
+    p.on_start.append(service_started(p))
     agents = FakeAgents()
     home = tmp_path / "hphome"
     env = Env(provider=p, store=Store(home), slurm_factory=lambda prov, ctl: slurm, agents=agents)
@@ -753,7 +765,7 @@ def multi_world(tmp_path: Path, hosts: int = 3, cpus: int = 8, memory_mib: int =
     slurm = FakeSlurm()
     for e in engines.values():
         e.on_start.append(slurm.register)
-        e.on_start.append(service_started)
+        e.on_start.append(service_started(e))
     mp = MultiHostProvider(engines, source)
     agents = FakeAgents()
     home = tmp_path / "hphome"

@@ -82,7 +82,7 @@ def create(
     progress = CliProgress(out)
     opts = CreateOptions(wait=wait, timeout=timeout, retain=retain, encrypt_network=encrypt_network)
     do_create(e, spec, opts, progress)
-    doc = describe(e, spec.ClusterName)
+    doc = describe(e, spec.ClusterName, services=json_out)
     if json_out:
         out.json(doc)
     else:

@@ -2,16 +2,15 @@
 action and per group, and one rollback path.
 
 The actions: network, volumes and key; the controller (with Accounting the database
-first: it boots while the other containers are made; slurmdbd starts once it is ready,
-and slurmctld right after slurmdbd: services/accounting.py); the login and compute
-nodes, recorded Queued and created while slurmctld boots through the reconciler's launch
-(reconciler.py: the agent's launch path), those with a lifecycle script started at once
-(their entry runs it, then waits for slurmctld), the others, and slurmrestd (Rest), the
-moment slurmctld answers `scontrol ping`; then the same reconciler's passive sync,
-in-process, until the nodes joined or the deadline passes. All-or-nothing: a node that
-cannot be provisioned fails the create (and rolls it back); continuous: the create
-returns once the login nodes are up, and the agent brings in the rest and retries what
-failed.
+first, then slurmdbd's container and the controller's, all started at once: each entry
+waits for the daemon it needs, services/accounting.py); the login and compute nodes,
+recorded Queued and created through the reconciler's launch (reconciler.py: the agent's
+launch path) and started at once on a thread (their entry runs the lifecycle script, then
+waits for slurmctld to listen), GPU nodes and slurmrestd (Rest) the moment slurmctld
+answers `scontrol ping`; then the same reconciler's passive sync, in-process, until the
+nodes joined or the deadline passes. All-or-nothing: a node that cannot be provisioned
+fails the create (and rolls it back); continuous: the create returns once the login
+nodes are up, and the agent brings in the rest and retries what failed.
 
 With registered hosts (core/across_hosts.py): the images are made present on every
 host first (one stream from the local engine, fanned out); the network is a swarm
@@ -23,9 +22,10 @@ right after the controller.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Protocol
@@ -94,11 +94,11 @@ def check_name_free(env: Env, name: str) -> None:
         env.store.remove_cluster(name)  # a Failed cluster with nothing left: its name is free again
 
 
-def has_gpus(spec: ClusterSpec, catalogue: dict) -> bool:
+def has_gpus(spec: ClusterSpec, catalogue: Mapping) -> bool:
     return any(catalogue[g.InstanceType].gpus for g in spec.InstanceGroups if g.InstanceType in catalogue)
 
 
-def image_defs(spec: ClusterSpec, catalogue: dict | None = None, multihost: bool = False) -> tuple:
+def image_defs(spec: ClusterSpec, catalogue: Mapping | None = None, multihost: bool = False) -> tuple:
     """The node images; the check images when a group checks new nodes on start; the
     GPU check image (checks and the passive GPU monitor) when a group has GPUs; the service
     images (Accounting, Rest); with registered hosts, the /home-mounting node image and
@@ -111,14 +111,14 @@ def image_defs(spec: ClusterSpec, catalogue: dict | None = None, multihost: bool
 
 
 def capacity_problems(
-    env: Env | None, spec: ClusterSpec, pool: capacity.Pool | None = None, catalogue: dict | None = None
+    env: Env | None, spec: ClusterSpec, pool: capacity.Pool | None = None, catalogue: Mapping | None = None
 ) -> list[str]:
     """Instance types the spec asks more of than the hosts could ever run (each host's
     whole pool, every other node gone; a node fits on one host, and a type's pool is
     the sum over the hosts its groups may use): refused before anything is made."""
     assert env is not None or pool is not None
-    per_host = {"": pool} if pool is not None else capacity.pools(env.provider, env.store)[0]  # type: ignore[union-attr]
     catalogue = catalogue or env.catalogue  # type: ignore[union-attr]
+    per_host = {"": pool} if pool is not None else capacity.pools(env.provider, env.store, has_gpus(spec, catalogue))[0]  # type: ignore[union-attr]
     wanted: dict[str, tuple[int, set[str]]] = {}
     for g in spec.InstanceGroups:
         n, hosts = wanted.get(g.InstanceType, (0, set()))
@@ -269,14 +269,15 @@ class Creating:
 
     def controller(self) -> None:
         """The services begin (the database boots while the other containers are made);
-        the controller's container, started unless slurmctld must wait for slurmdbd."""
+        the controller's container, started (with Accounting, slurmctld waits for slurmdbd
+        in its entry)."""
         spec = self.c.spec
         self.conf = render(spec, self.c.env.catalogue).encode()
         if spec.accounting:
             self.progress.stage("accounting", "database, then slurmdbd, before slurmctld")
         self.services.begin(self.conf)
         self.progress.stage("controller", self.c.controller_node)
-        self.ctl = self._make_controller(self.images.get("fileserver"), start=not spec.accounting)
+        self.ctl = self._make_controller(self.images.get("fileserver"))
 
     def make_nodes(self) -> None:
         """Every login and compute node Queued and its container made, while slurmctld
@@ -292,14 +293,9 @@ class Creating:
             ex.shutdown(wait=False)
 
     def accounting(self) -> None:
-        """With Accounting: the database ready, slurmdbd started, then slurmctld (it
-        registers the cluster with slurmdbd at its first start)."""
-        if not self.c.spec.accounting:
-            return
-        self.services.accounting_up(self.deadline)
-        if err := self.launcher.start(self.ctl):
-            raise OperationFailed(f"controller {self.c.controller_node} could not be started: {err}")
-        self.services.accounting_ready()
+        """With Accounting: slurmdbd started (slurmctld, started with it, waits for it in
+        its entry and registers the cluster at its first start)."""
+        self.services.accounting_ready(self.deadline)
 
     def controller_ready(self) -> None:
         """slurmctld answers. In continuous mode a controller that failed for a retryable
@@ -341,8 +337,7 @@ class Creating:
         if not self.opts.wait:
             return
         self.progress.stage("wait", "waiting for nodes to be idle in Slurm")
-        self._converge(workers)
-        self._converge(logins)
+        self._converge(workers + logins)
         _in_service(self.c)
 
     def failures(self) -> dict[str, LaunchError]:
@@ -361,17 +356,25 @@ class Creating:
     def _converge(self, recs: list[GroupReconciler]) -> None:
         """Drive these groups' passive sync until each node this create launched runs. A
         node that fails ends an all-or-nothing create; in continuous mode it is left to
-        the agent."""
+        the agent. One Slurm query a pass; a compute group's sync (its containers listed,
+        its nodes' records read) runs when Slurm shows one of its waiting nodes responding,
+        and every SYNC_EVERY passes (a container that exited, a register timeout); a login
+        group's at every pass (its join is seen from its node: `scontrol ping`)."""
         c, strict = self.c, not self.c.spec.continuous
         mine = {n for n, r in self.nodes.rec_of.items() if r in recs}
         compute = any(self.types[r.group] == "Compute" for r in recs)
         target = {g.InstanceGroupName: g.InstanceCount for g in c.spec.compute}
+        passes = itertools.count()
 
         def joined() -> bool:
             snodes = _slurm_nodes(c) if compute else {}
             latest = c.store.latest_phases(c.name)
+            waiting = {n for n in mine if latest.get(n, ("",))[0] != Phase.RUNNING.value}
+            every = next(passes) % SYNC_EVERY == 0
             for r in recs:  # only the groups still waiting
-                if any(latest.get(n, ("",))[0] != Phase.RUNNING.value for n in mine if self.nodes.rec_of[n] is r):
+                theirs = [n for n in waiting if self.nodes.rec_of[n] is r]
+                responding = any(n in snodes and not snodes[n].not_responding for n in theirs)
+                if theirs and (every or responding or self.types[r.group] == "Login"):
                     r.sync(snodes)
             latest = c.store.latest_phases(c.name)
             running = {n for n in self.nodes.rec_of if latest.get(n, ("",))[0] == Phase.RUNNING.value}
@@ -384,7 +387,7 @@ class Creating:
             if not pending:
                 return True
             if time.monotonic() > self.deadline:
-                if compute:
+                if any(self.types[self.nodes.rec_of[n].group] == "Compute" for n in pending):
                     raise WaitTimeout(
                         f"timed out waiting for {len(pending)} node(s) to be idle in Slurm: "
                         f"{', '.join(sorted(pending)[:10])}"
@@ -394,10 +397,9 @@ class Creating:
 
         waits.until(joined, every=NODES_POLL_S)
 
-    def _make_controller(self, fileserver: str | None = None, start: bool = True) -> str:
+    def _make_controller(self, fileserver: str | None = None) -> str:
         """Create the controller's container (with registered hosts, /home's file server
-        on its host meanwhile), and start it unless not `start` (with Accounting: started
-        once the database is ready and slurmdbd started)."""
+        on its host meanwhile) and start it (with Accounting its entry waits for slurmdbd)."""
         c, host = self.c, self.c.controller_node
         group = c.spec.controller.InstanceGroupName
         self.rec.set(group, host, Phase.QUEUED, "waiting for capacity")
@@ -411,12 +413,12 @@ class Creating:
             ex = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hp-fileserver")
             fs = ex.submit(ensure_fileserver, c, fileserver)
             ex.shutdown(wait=False)
-        err = self.launcher.start(cid) if start else None
+        err = self.launcher.start(cid)
         if fs is not None:
             fs.result()
         if err:
             raise OperationFailed(f"controller {host} could not be started: {err}")
-        self.rec.set(group, host, Phase.LAUNCHING, "container started" if start else "container created")
+        self.rec.set(group, host, Phase.LAUNCHING, "container started")
         return cid
 
     def _retry_controller(self, first: LaunchError) -> str:
@@ -455,7 +457,8 @@ def _slurm_nodes(cluster: Cluster) -> dict[str, SlurmNode]:
 
 
 POLL_S = 0.1  # the controller's `scontrol ping`
-NODES_POLL_S = 0.2  # a pass of the groups' reconcilers while create waits
+NODES_POLL_S = 0.1  # a pass of create's wait: one Slurm query, the groups with news synced
+SYNC_EVERY = 5  # a compute group with no news is synced every fifth pass
 
 
 def wait_controller(cluster: Cluster, cid: str, deadline: float) -> None:

@@ -67,7 +67,9 @@ def active_ops(env: Env, name: str) -> dict[str, list[str]]:
     return out
 
 
-def describe(env: Env, name: str) -> dict[str, Any]:
+def describe(env: Env, name: str, services: bool = True) -> dict[str, Any]:
+    """DescribeCluster's shape; without `services`, the status and groups alone (what `hp
+    create` prints: no slurmdbd health check on its way out)."""
     cluster = env.cluster(name)
     row = env.store.cluster(name)
     assert row is not None
@@ -83,7 +85,7 @@ def describe(env: Env, name: str) -> dict[str, Any]:
         "ControllerReachable": up,
         "SlurmControllerHost": cluster.controller_node,
         "InstanceGroups": group_views(spec, nodes, active_ops(env, name)),
-        **services_view(cluster),
+        **(services_view(cluster) if services else {}),
         **unreachable_view(env),
     }
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,11 +78,12 @@ DEFAULT_CPU_OVERCOMMIT = 4.0
 
 
 def host_pool(provider: Provider, store: Store | None, gpus_too: bool = True) -> Pool:
-    """The host's pool. Without a store (a dry run, which writes no state) GPUs are
-    discovered uncached, and only with `gpus_too`."""
+    """The host's pool; its GPUs only with `gpus_too` (discovery may run a probe
+    container: nodes of CPU types never need it). Without a store (a dry run, which
+    writes no state) GPUs are discovered uncached."""
     info = provider.info()
     factor = float(os.environ.get("HP_CPU_OVERCOMMIT", DEFAULT_CPU_OVERCOMMIT))
-    if store is None and not gpus_too:
+    if not gpus_too:
         return Pool(cpus=float(info.cpus) * factor, memory_mib=info.memory_mib, gpus=[], gpu_models={}, gpu_note="")
 
     try:
@@ -117,7 +118,7 @@ def pick_gpus(itype: InstanceType, pool: Pool, used: Usage) -> tuple[list[str] |
     return None, f"needs {_gpu_words(itype)}, {most} free (of {len(pool.gpus_of(itype.gpu_model))})"
 
 
-def usage(containers: list[Container], catalogue: dict[str, InstanceType]) -> Usage:
+def usage(containers: list[Container], catalogue: Mapping[str, InstanceType]) -> Usage:
     """What the live node containers hold (exited ones hold nothing)."""
     cpus, mem, per = 0.0, 0, {}
     gpus: set[str] = set()
@@ -170,12 +171,13 @@ def fit(itype: InstanceType, pool: Pool, used: Usage) -> tuple[list[str] | None,
     return chosen, missing
 
 
-def pools(provider: Provider, store: Store) -> tuple[dict[str, Pool], dict[str, str]]:
+def pools(provider: Provider, store: Store, gpus: bool = True) -> tuple[dict[str, Pool], dict[str, str]]:
     """Host -> its pool, for the hosts nodes may be placed on now; and host -> why not, for
-    the others (unreachable, or draining for `hp hosts remove --drain`). One engine: {"": pool}."""
+    the others (unreachable, or draining for `hp hosts remove --drain`). One engine: {"": pool}.
+    Without `gpus`, the pools' GPUs are left out (for nodes of CPU types)."""
     engines = provider.engines()
     if "" in engines:
-        return {"": host_pool(provider, store)}, {}
+        return {"": host_pool(provider, store, gpus)}, {}
     out: dict[str, Pool] = {}
     why = {h: f"unreachable ({w})" for h, w in provider.unreachable().items()}
     for r in store.hosts():
@@ -187,7 +189,7 @@ def pools(provider: Provider, store: Store) -> tuple[dict[str, Pool], dict[str, 
         if h in why:
             continue
         try:
-            out[h] = host_pool(e, store)
+            out[h] = host_pool(e, store, gpus)
         except TRANSIENT as ex:
             why[h] = f"unreachable ({str(ex).splitlines()[0][:120]})"
     return out, why
@@ -262,7 +264,7 @@ def ceiling(itype: InstanceType, pool: Pool) -> tuple[int, str]:
     return n, why
 
 
-def report(provider: Provider, store: Store, catalogue: dict[str, InstanceType]) -> dict:
+def report(provider: Provider, store: Store, catalogue: Mapping[str, InstanceType]) -> dict:
     """The pool, what hp's nodes use of it, and per-type limits (`hp capacity show`); with
     registered hosts the pool is the sum over the hosts nodes may go to, and `Hosts`
     gives each host's share."""
@@ -309,7 +311,7 @@ def report(provider: Provider, store: Store, catalogue: dict[str, InstanceType])
 
 
 def set_limit_checked(
-    store: Store, catalogue: dict[str, InstanceType], itype: str, count: int | None, clear: bool
+    store: Store, catalogue: Mapping[str, InstanceType], itype: str, count: int | None, clear: bool
 ) -> None:
     """`hp capacity set`: every problem at once (BadInput), else the new limit."""
     problems = []

@@ -23,7 +23,7 @@ from ..gpu.inventory import HostGpuInfo
 from ..naming import container_name
 from ..slurm.client import Slurm
 from ..slurm.conf import controller_node
-from ..spec.catalogue import InstanceType, load_catalogue
+from ..spec.catalogue import Catalogue
 from ..spec.model import ClusterSpec, InstanceGroup, validate
 from ..state.phases import Phase
 from ..state.store import Latest, Store
@@ -62,10 +62,13 @@ class Env:
     catalogue_file: str | None = None
 
     @cached_property
-    def catalogue(self) -> dict[str, InstanceType]:
+    def catalogue(self) -> Catalogue:
         """The instance types: shipped, GPU types named after the host's GPUs (only
-        where there are GPUs), and the user's file. Without an engine (or when
-        discovery fails) there are no discovered types."""
+        where there are GPUs; discovered when first needed), and the user's file. Without
+        an engine (or when discovery fails) there are no discovered types."""
+        return Catalogue(self.catalogue_file, self._discovered_types)
+
+    def _discovered_types(self) -> dict[str, dict]:
         discovered: dict[str, dict] = {}
         down = self.provider.unreachable()
         for host in self.provider.engines():  # every host's GPU types (one engine: its own)
@@ -75,7 +78,7 @@ class Env:
                 discovered.update({t.name: t.catalogue_entry() for t in self.gpus(host=host).instance_types()})
             except TRANSIENT as e:
                 log.info("GPU discovery failed%s, no GPU types from it: %s", f" on {host}" if host else "", e)
-        return load_catalogue(self.catalogue_file, discovered)
+        return discovered
 
     @property
     def multihost(self) -> bool:

@@ -162,7 +162,8 @@ class Launcher:
         out: dict[str, str | LaunchError] = {}
         todo: list[tuple[InstanceGroup, int, list[str] | None, str]] = []
         with capacity.host_lock(c.store.home):
-            pools, unavailable = capacity.pools(c.p, c.store)
+            gpus = any(c.env.catalogue[g.InstanceType].gpus for g, _ in wanted)
+            pools, unavailable = capacity.pools(c.p, c.store, gpus)
             containers = c.p.containers()
             load = placement.loads(pools, containers, c.env.catalogue, c.name)
             per_type = capacity.usage(containers, c.env.catalogue).per_type

@@ -15,6 +15,7 @@ capacity, with the messages of one host.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..docker.views import Container
@@ -41,7 +42,7 @@ class HostLoad:
 
 
 def loads(
-    pools: dict[str, Pool], containers: list[Container], catalogue: dict[str, InstanceType], cluster: str
+    pools: dict[str, Pool], containers: list[Container], catalogue: Mapping[str, InstanceType], cluster: str
 ) -> dict[str, HostLoad]:
     """Host -> its load, from every container hp runs (all clusters share the pools)."""
     out = {}

@@ -1,13 +1,14 @@
 """The cluster services' containers: MariaDB (role `database`), slurmdbd (`accounting`)
 and slurmrestd (`rest`), made from hp's images like the nodes, but not Slurm nodes.
 
-Order (measured: docs/accounting.md). The database is created and started first, and
-boots while every other container is created; slurmdbd starts once the database says
-"ready for connections", and slurmctld right after slurmdbd (at its first start slurmctld
-waits for slurmdbd to answer, ~0.1 s; create then checks that slurmdbd said "slurmdbd
-version ... started"). So slurmctld registers the cluster at its first start (no
-`sacctmgr add cluster`, no CLUSTER ID MISMATCH). Started all at once, slurmdbd waits 5 s
-for the database and slurmctld blocks on slurmdbd: 7 s instead of 1.5 s.
+Order (measured: docs/accounting.md). The database, slurmdbd and slurmctld are started
+at once, first of a new cluster's containers, and each waits in its entry for the one it
+needs to accept connections (images/node/hp-entry: slurmdbd for MariaDB's port, slurmctld
+for slurmdbd's, a connect every 0.05 s): no round trip through hp between them. So
+slurmctld registers the cluster at its first start (no `sacctmgr add cluster`, no
+CLUSTER ID MISMATCH), and create checks that slurmdbd said "slurmdbd version ...
+started". (Started at once without those waits, slurmdbd retries the database every 5 s
+and slurmctld blocks on slurmdbd: 7 s instead of 1.5 s.)
 
 Hazard: slurmctld must never be (re)started while slurmdbd is unreachable (it dies with
 "You are running with a database but for some reason we have no TRES from it" after
@@ -55,7 +56,7 @@ RESTART_POLICY = "unless-stopped"
 LIMITS = {"database": (1.0, 512), "accounting": (0.5, 256), "rest": (0.25, 256)}
 READY = {"database": re.compile(r"ready for connections"), "accounting": re.compile(r"slurmdbd version \S+ started")}
 READY_TIMEOUT = 60.0
-POLL_S = 0.02
+POLL_S = 0.05
 _BRINGING_BACK: dict[str, threading.Lock] = {}  # per cluster: the watch and a controller's reboot, one at a time
 
 
@@ -177,21 +178,31 @@ def ready_marks(cluster: Cluster, cid: str, role: str) -> int:
     return len(pattern.findall(cluster.p.logs(cid))) if pattern else 0
 
 
-def wait_ready(cluster: Cluster, cid: str, role: str, marks_before: int, deadline: float) -> None:
+def _stopped(cluster: Cluster, cid: str, role: str) -> OperationFailed | None:
+    st = cluster.p.inspect(cid).state
+    if st.running or st.status == "restarting":
+        return None
+    return OperationFailed(
+        f"{SERVICE_HOSTS[role]} exited ({st.exit_code}) before it was ready; last log:\n" + cluster.p.logs(cid, tail=15)
+    )
+
+
+def wait_ready(
+    cluster: Cluster, cid: str, role: str, marks_before: int, deadline: float, also: str | None = None
+) -> None:
     """Until the service's log says ready once more than `marks_before`; OperationFailed
-    (with its last lines) when its container stops or at the deadline."""
+    (with its last lines) when its container stops, or the database's container `also`
+    (the service waits for it), or at the deadline."""
     looks = itertools.count(1)
+    watched = [(cid, role)] + ([(also, "database")] if also else [])
 
     def ready() -> bool:
         if ready_marks(cluster, cid, role) > marks_before:
             return True
         if next(looks) % 10 == 0:
-            st = cluster.p.inspect(cid).state
-            if not st.running and st.status != "restarting":
-                raise OperationFailed(
-                    f"{SERVICE_HOSTS[role]} exited ({st.exit_code}) before it was ready; last log:\n"
-                    + cluster.p.logs(cid, tail=15)
-                )
+            for c, r in watched:
+                if err := _stopped(cluster, c, r):
+                    raise err
         return False
 
     waits.until(
@@ -206,10 +217,10 @@ def wait_ready(cluster: Cluster, cid: str, role: str, marks_before: int, deadlin
 
 
 class CreateServices:
-    """The services of a cluster being created: `begin` (the database starts; slurmdbd's
-    and slurmrestd's containers are made on a thread while the nodes' are),
-    `accounting_up` (the database ready, slurmdbd started), `start_rest` (once slurmctld
-    answers)."""
+    """The services of a cluster being created: `begin` (the database starts; on a thread
+    slurmdbd's container is made and started, then slurmrestd's made, while the
+    controller's and the nodes' are), `accounting_ready` (slurmdbd started),
+    `start_rest` (once slurmctld answers)."""
 
     def __init__(self, cluster: Cluster, images: dict[str, str]):
         self.c = cluster
@@ -235,8 +246,12 @@ class CreateServices:
             pool.shutdown(wait=False)
 
     def _make(self, later: list[str], slurm_conf: bytes) -> None:
+        """On the thread: slurmdbd made and started (its entry waits for the database to
+        answer), slurmrestd made."""
         for role in later:
             self.ids[role] = create(self.c, role, self.images[role], slurm_conf if role == "rest" else None)
+            if role == "accounting":
+                self.c.p.start(self.ids[role])
 
     def _made(self) -> None:
         if self._making is not None:
@@ -247,20 +262,14 @@ class CreateServices:
         if self._making is not None:
             wait([self._making])
 
-    def accounting_up(self, deadline: float) -> None:
-        """The database ready, then slurmdbd started. slurmctld may start now: at its first
-        start it waits for slurmdbd to answer (about 0.1 s here) before it registers."""
+    def accounting_ready(self, deadline: float) -> None:
+        """slurmdbd said it started (fails fast with the last log lines of the database or
+        slurmdbd when its container stopped)."""
         self._made()
         if not self.accounting:
             return
-        self._deadline = min(deadline, time.monotonic() + READY_TIMEOUT)
-        wait_ready(self.c, self.ids["database"], "database", 0, self._deadline)
-        self.c.p.start(self.ids["accounting"])
-
-    def accounting_ready(self) -> None:
-        """slurmdbd said it started (fails fast with its log when it did not)."""
-        if self.accounting:
-            wait_ready(self.c, self.ids["accounting"], "accounting", 0, self._deadline)
+        deadline = min(deadline, time.monotonic() + READY_TIMEOUT)
+        wait_ready(self.c, self.ids["accounting"], "accounting", 0, deadline, also=self.ids["database"])
 
     def start_rest(self) -> None:
         self._made()

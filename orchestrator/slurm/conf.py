@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from string import Template
 
 from .. import resources
@@ -37,7 +38,7 @@ def slurmd_conf(itype: InstanceType, feature: str, drain_reason: str | None = No
     return conf
 
 
-def render(spec: ClusterSpec, catalogue: dict[str, InstanceType]) -> str:
+def render(spec: ClusterSpec, catalogue: Mapping[str, InstanceType]) -> str:
     tmpl = Template(template("slurm.conf.tmpl"))
     nodesets, partitions = [], []
     for g in spec.compute:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -102,3 +103,34 @@ def load_catalogue(
             raise BadInput(f"cannot read instance-type file {p}: {e.strerror}") from None
         types.update(_parse(doc, str(p)))
     return types
+
+
+class Catalogue(Mapping[str, InstanceType]):
+    """load_catalogue's result, with the discovered GPU types fetched only when a name is
+    not a shipped or user type, or when the whole catalogue is listed: discovery may run
+    a probe container on the host, which a cluster of CPU types never needs. A shipped or
+    user type's entry does not depend on discovery (discovered types only fill the
+    names the shipped catalogue lacks, and the user's file overlays them)."""
+
+    def __init__(self, extra: str | os.PathLike[str] | None, discover: Callable[[], dict[str, dict]]):
+        self._extra = extra
+        self._static = load_catalogue(extra)
+        self._discover = discover
+        self._all: dict[str, InstanceType] | None = None
+
+    def _full(self) -> dict[str, InstanceType]:
+        if self._all is None:
+            self._all = load_catalogue(self._extra, self._discover())
+        return self._all
+
+    def __getitem__(self, name: str) -> InstanceType:
+        return self._static[name] if name in self._static else self._full()[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._static or name in self._full()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._full())
+
+    def __len__(self) -> int:
+        return len(self._full())

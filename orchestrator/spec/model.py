@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import reprlib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -243,7 +244,7 @@ def _loc(loc: tuple[Any, ...]) -> str:
     return out or "(spec)"
 
 
-def _semantic_problems(raw: dict[str, Any], catalogue: dict[str, InstanceType], names: bool = True) -> list[str]:
+def _semantic_problems(raw: dict[str, Any], catalogue: Mapping[str, InstanceType], names: bool = True) -> list[str]:
     """Rules HyperPod enforces, checked on the raw document so that they are reported
     together with type errors; with `names`, also the limits of the names hp derives
     (names.py) and the engine's rule for an Image (reference.py): what Docker or Slurm
@@ -362,7 +363,7 @@ def _semantic_problems(raw: dict[str, Any], catalogue: dict[str, InstanceType], 
 
 def validate(
     raw: object,
-    catalogue: dict[str, InstanceType],
+    catalogue: Mapping[str, InstanceType],
     *,
     name: str | None = None,
     existing: bool = False,
@@ -434,7 +435,7 @@ def _short(value: object, limit: int = 80) -> str:
 GPU_TYPE_RE = re.compile(r"[a-z0-9][a-z0-9-]*\.\d+x")  # types named after a host's GPUs: h200.1x, h100.8x
 
 
-def uses_only(raw: object, catalogue: dict[str, InstanceType], gpu_names: bool = False) -> bool:
+def uses_only(raw: object, catalogue: Mapping[str, InstanceType], gpu_names: bool = False) -> bool:
     """Does a spec document name only instance types of `catalogue`? With `gpu_names`, an
     unknown name that cannot be a GPU type named after the host's GPUs counts too (it is
     unknown however many GPUs the host has)."""
@@ -453,7 +454,7 @@ MODES = {"continuous": "Continuous", "all-or-nothing": None}
 
 def with_overrides(
     raw: object,
-    catalogue: dict[str, InstanceType],
+    catalogue: Mapping[str, InstanceType],
     *,
     name: str | None = None,
     mode: str | None = None,

@@ -570,7 +570,7 @@ def test_removing_a_host_is_refused_while_a_controller_or_nodes_live_there(fleet
     env = Env(provider=registry.provider_for(store), store=store, slurm_factory=lambda p, c: w.slurm, agents=w.agents)
     for e in engines.values():
         e.on_start.append(w.slurm.register)
-        e.on_start.append(service_started)
+        e.on_start.append(service_started(e))
     env.images.build(env.node_image_defs(), log=lambda s: None)
     spec_ = validate(spec_doc("lab", [("cpu", "cpu.nano", 3)]), env.catalogue)
     create(env, spec_, CreateOptions(timeout=5))

@@ -75,12 +75,14 @@ def test_slurm_conf_and_slurmdbd_conf(tmp_path):
 
 
 # -- create -----------------------------------------------------------------------------------
-def test_create_starts_the_database_then_slurmdbd_then_slurmctld(tmp_path):
+def test_create_starts_the_database_first_then_slurmdbd_and_slurmctld_without_waiting(tmp_path):
+    # each waits in its entry for the one it needs (images/node/hp-entry), not for hp
     w = world(tmp_path)
     c = make(w, Rest={"Enabled": True})
     starts = [n for _, n in calls(w, "start")]
-    assert starts.index("hp-lab-mariadb") < starts.index("hp-lab-slurmdbd") < starts.index("hp-lab-controller-1")
+    assert starts.index("hp-lab-mariadb") < min(starts.index("hp-lab-slurmdbd"), starts.index("hp-lab-controller-1"))
     assert starts.index("hp-lab-controller-1") < starts.index("hp-lab-slurmrestd")
+    assert starts.index("hp-lab-controller-1") < min(starts.index(f"hp-lab-{n}") for n in ("login-1", "cpu-1"))
     creates = [n for _, n in calls(w, "create")]
     # the database boots while the others are created: it starts before the controller is even made
     assert calls(w, "create", "start")[:2] == [("create", "hp-lab-mariadb"), ("start", "hp-lab-mariadb")]
