@@ -1,5 +1,10 @@
 """What every operation needs: the process-wide handles (`Env`), one cluster's context
-(`Cluster`), and a small helper to run Docker calls in parallel."""
+(`Cluster`), and a small helper to run Docker calls in parallel.
+
+Every command holds an Env, and most a Cluster; what only some of them use is loaded when
+first used: the spec's model and its validation (pydantic), the instance types (YAML),
+GPU discovery and the images' builds. `hp exec` loads none of them, `hp nodes` the spec's
+model and the shipped instance types only."""
 
 from __future__ import annotations
 
@@ -12,21 +17,21 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from ..docker.images import MULTIHOST_IMAGES, NODE_IMAGES, Images
 from ..docker.provider import Provider
 from ..docker.views import Container
 from ..errors import TRANSIENT, BadInput, NotFound
-from ..gpu import inventory
-from ..gpu.inventory import HostGpuInfo
 from ..naming import container_name
 from ..slurm.client import Slurm
-from ..slurm.conf import controller_node
-from ..spec.catalogue import InstanceType, load_catalogue
-from ..spec.model import ClusterSpec, InstanceGroup, validate
 from ..state.phases import Phase
 from ..state.store import Latest, Store
+
+if TYPE_CHECKING:
+    from ..docker.images import Images
+    from ..gpu.inventory import HostGpuInfo
+    from ..spec.catalogue import InstanceType
+    from ..spec.model import ClusterSpec, InstanceGroup
 
 log = logging.getLogger("hp")
 T = TypeVar("T")
@@ -66,6 +71,8 @@ class Env:
         """The instance types: shipped, GPU types named after the host's GPUs (only
         where there are GPUs), and the user's file. Without an engine (or when
         discovery fails) there are no discovered types."""
+        from ..spec.catalogue import load_catalogue
+
         discovered: dict[str, dict] = {}
         down = self.provider.unreachable()
         for host in self.provider.engines():  # every host's GPU types (one engine: its own)
@@ -77,6 +84,22 @@ class Env:
                 log.info("GPU discovery failed%s, no GPU types from it: %s", f" on {host}" if host else "", e)
         return load_catalogue(self.catalogue_file, discovered)
 
+    @cached_property
+    def known_types(self) -> dict[str, InstanceType]:
+        """The shipped instance types and the user's file: no engine is asked."""
+        from ..spec.catalogue import load_catalogue
+
+        return load_catalogue(self.catalogue_file)
+
+    def types_for(self, raw: object) -> dict[str, InstanceType]:
+        """The instance types to judge a spec document with: `known_types` when it names
+        only those (the answer is the same: a discovered GPU type never replaces one of
+        them), else the whole catalogue, whose GPU discovery asks the engine (and runs a
+        probe container when its cached result is older than its TTL)."""
+        from ..spec.model import uses_only
+
+        return self.known_types if uses_only(raw, self.known_types) else self.catalogue
+
     @property
     def multihost(self) -> bool:
         """Hosts are registered: clusters span them (overlay network, shared /home server)."""
@@ -85,17 +108,23 @@ class Env:
     def node_image_defs(self) -> tuple:
         """The images nodes run: with hosts, the login and worker images that mount /home
         from the cluster's file server, and that server."""
+        from ..docker.images import MULTIHOST_IMAGES, NODE_IMAGES
+
         return NODE_IMAGES + (MULTIHOST_IMAGES if self.multihost else ())
 
     def gpus(self, refresh: bool = False, host: str = "") -> HostGpuInfo:
         """A Docker host's GPUs (gpu/inventory.py: discovery cached in the store, or HP_GPUS):
         the one engine's, or a registered host's (the first one when `host` is "")."""
+        from ..gpu import inventory
+
         engines = self.provider.engines()
         engine = engines.get(host) or next(iter(engines.values()))
         return inventory.discover(engine, self.store, refresh=refresh)
 
     @cached_property
     def images(self) -> Images:
+        from ..docker.images import Images
+
         return Images(self.provider)
 
     def cluster(self, name: str) -> Cluster:
@@ -127,17 +156,25 @@ class Cluster:
             row = self.store.cluster(self.name)
             if row is None:
                 raise NotFound(f"cluster {self.name!r} does not exist")
-            self._spec = validate(row.spec, self.env.catalogue, existing=True)
+            self._spec = self._validate(row.spec)
         return self._spec
 
     def reload(self, spec: dict | None = None) -> ClusterSpec:
         """Read the spec again (or take `spec`, a stored spec document just read)."""
-        self._spec = validate(spec, self.env.catalogue, existing=True) if spec is not None else None
+        self._spec = self._validate(spec) if spec is not None else None
         return self.spec
+
+    def _validate(self, raw: dict) -> ClusterSpec:
+        """A stored spec document, judged with the instance types it names (Env.types_for)."""
+        from ..spec.model import validate
+
+        return validate(raw, self.env.types_for(raw), existing=True)
 
     @property
     def controller_node(self) -> str:
         """The controller's Slurm node name (a "host" in hp is a Docker host only)."""
+        from ..slurm.conf import controller_node
+
         return controller_node(self.spec)
 
     @property

@@ -52,6 +52,8 @@ FLOOR = {room: i for i, rooms in enumerate(FLOORS) for room in rooms}
 LAZY: dict[tuple[str, str], str] = {
     ("cli", "orchestrator"): "each command loads the library when it runs: `hp` starts with typer alone",
     ("cli", "rich"): "rich is loaded when something is printed, not to parse a command line",
+    ("core/context.py", "orchestrator"): "Env and Cluster are held by every command; what only some use (the spec's "
+    "pydantic model, the instance types, GPU discovery, image builds) loads on first use: `hp exec` loads none of it",
     ("docker/engine.py", "docker"): "docker-py on first engine use: importing hp loads no engine client",
     ("docker/engine.py", "requests"): "docker-py's transport, with docker-py",
     ("docker/engine.py", "urllib3"): "docker-py's transport, with docker-py",
