@@ -290,16 +290,27 @@ def delete(name: str, json_out: bool = JsonOpt) -> None:
             )
 
 
-def version(json_out: bool = JsonOpt) -> None:
-    """Print hp's, Python's, Slurm's and the images' versions."""
+def version(
+    images: bool = typer.Option(
+        False, "--images", help="Also the node images' tags and the Slurm version they hold (asks the Docker engine)."
+    ),
+    json_out: bool = JsonOpt,
+) -> None:
+    """Print hp's and Python's versions (with --images, Slurm's and the images' too)."""
     from ..ci.version import versions
 
-    doc = versions(env())
+    doc: dict[str, Any] = versions()
+    if images:
+        from ..ci.image_versions import image_versions
+
+        doc |= image_versions(env())
     out = Out(json_out)
     if json_out:
         out.json(doc)
         return
     print(f"hp {doc['hp']} (Python {doc['python']})")
+    if not images:
+        return
     print(f"Slurm {doc['slurm'] or 'unknown (images not built)'}")
     for k, v in (doc.get("images") or {}).items():
         print(f"image {k}: {v}")
