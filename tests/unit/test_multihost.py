@@ -688,7 +688,7 @@ def silent_engine(tmp_path):
     s = socket.socket(socket.AF_UNIX)
     s.bind(str(path))
     s.listen(64)
-    yield DockerEngine(f"unix://{path}", name="silent", answer_timeout=0.5)  # as registry.engine_for makes them
+    yield DockerEngine(f"unix://{path}", name="silent", answer_timeout=0.5)  # as engines.engine_for makes them
     s.close()
 
 
