@@ -47,7 +47,7 @@ def create(
     """Create a cluster: controller first, then login and compute groups in parallel."""
     from ..cluster.create import CreateOptions
     from ..cluster.create import create as do_create
-    from ..cluster.query import describe
+    from ..cluster.describe import describe
     from ..spec.catalogue import load_catalogue
     from ..spec.loader import load_spec_file
     from ..spec.model import DEFAULT_SPEC, uses_only, with_overrides
@@ -165,7 +165,7 @@ def list_(json_out: bool = JsonOpt) -> None:
 
 def describe(name: str, json_out: bool = JsonOpt) -> None:
     """Describe a cluster (DescribeCluster shape)."""
-    from ..cluster.query import describe as do_describe
+    from ..cluster.describe import describe as do_describe
 
     e = env()
     e.cluster(name)

@@ -185,6 +185,17 @@ class Cluster:
     def slurm(self) -> Slurm:
         return self.env.slurm_factory(self.p, self.controller_container)
 
+    def slurm_in(self, container: str) -> Slurm:
+        """Slurm's commands run in `container`: the controller's found by controller_of,
+        without reading the spec (`slurm` is the same client on the container it names)."""
+        return self.env.slurm_factory(self.p, container)
+
+    @staticmethod
+    def controller_of(containers: dict[str, Container]) -> Container | None:
+        """The controller's container in a listing of the nodes' (node_containers), known
+        by its role label: the spec is not read."""
+        return next((c for c in containers.values() if c.role == "controller"), None)
+
     @property
     def dir(self) -> Path:
         return self.store.cluster_dir(self.name)

@@ -751,8 +751,8 @@ def test_the_watcher_records_a_lost_host_while_it_is_lost(tmp_path, monkeypatch)
 
 
 def test_hp_nodes_and_describe_name_the_unreachable_host(tmp_path, monkeypatch):
+    from orchestrator.cluster.describe import describe
     from orchestrator.cluster.exec import exec_target
-    from orchestrator.cluster.query import describe
 
     w = multi_world(tmp_path)
     make(w)
