@@ -3,8 +3,9 @@
 
 Every command holds an Env, and most a Cluster; what only some of them use is loaded when
 first used: the spec's model and its validation (pydantic), the instance types (YAML),
-GPU discovery and the images' builds. `hp exec` loads none of them, `hp nodes` the spec's
-model and the shipped instance types only."""
+GPU discovery and the images' builds. `hp exec` loads none of them, nor does `hp nodes` on
+a healthy cluster (cluster/query.py); a stored spec is judged with the shipped and the
+user's instance types when it names only those (Env.types_for: no GPU discovery)."""
 
 from __future__ import annotations
 
