@@ -2,7 +2,7 @@
 once per process.
 
 - the container provider: the local Docker engine, or with registered hosts (`hp hosts
-  add`) a MultiHostProvider over their engines (hosts/registry.provider_for);
+  add`) a MultiHostProvider over their engines (hosts/engines.provider_for);
 - the Slurm client: SlurmCli, Slurm's commands run in the controller's container;
 - the store: hp's SQLite state under HP_HOME (state/store.py);
 - the agents: one background process per cluster (core/agents.py).
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from .core.agents import AgentProcesses
 from .core.context import Env
-from .hosts.registry import provider_for
+from .hosts.engines import provider_for
 from .slurm.client import SlurmCli
 from .state.store import Store
 

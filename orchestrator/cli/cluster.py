@@ -47,7 +47,7 @@ def create(
     """Create a cluster: controller first, then login and compute groups in parallel."""
     from ..cluster.create import CreateOptions
     from ..cluster.create import create as do_create
-    from ..cluster.query import describe
+    from ..cluster.describe import describe
     from ..spec.catalogue import load_catalogue
     from ..spec.loader import load_spec_file
     from ..spec.model import DEFAULT_SPEC, uses_only, with_overrides
@@ -165,7 +165,7 @@ def list_(json_out: bool = JsonOpt) -> None:
 
 def describe(name: str, json_out: bool = JsonOpt) -> None:
     """Describe a cluster (DescribeCluster shape)."""
-    from ..cluster.query import describe as do_describe
+    from ..cluster.describe import describe as do_describe
 
     e = env()
     e.cluster(name)
@@ -290,16 +290,27 @@ def delete(name: str, json_out: bool = JsonOpt) -> None:
             )
 
 
-def version(json_out: bool = JsonOpt) -> None:
-    """Print hp's, Python's, Slurm's and the images' versions."""
+def version(
+    images: bool = typer.Option(
+        False, "--images", help="Also the node images' tags and the Slurm version they hold (asks the Docker engine)."
+    ),
+    json_out: bool = JsonOpt,
+) -> None:
+    """Print hp's and Python's versions (with --images, Slurm's and the images' too)."""
     from ..ci.version import versions
 
-    doc = versions(env())
+    doc: dict[str, Any] = versions()
+    if images:
+        from ..ci.image_versions import image_versions
+
+        doc |= image_versions(env())
     out = Out(json_out)
     if json_out:
         out.json(doc)
         return
     print(f"hp {doc['hp']} (Python {doc['python']})")
+    if not images:
+        return
     print(f"Slurm {doc['slurm'] or 'unknown (images not built)'}")
     for k, v in (doc.get("images") or {}).items():
         print(f"image {k}: {v}")

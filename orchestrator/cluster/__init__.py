@@ -2,7 +2,7 @@
 
 - create.py: `create` (CreateOptions), `capacity_problems`, `has_gpus`;
 - delete.py: `delete`;
-- query.py: `list_clusters`, `describe`, `nodes`;
+- query.py: `list_clusters`, `nodes` (and `observe`); describe.py: `describe`;
 - scaling.py: `scale`, `delete_nodes`; waiting.py: `wait_groups` (`hp scale --wait`);
 - exec.py: `exec_target`, `run_exec` (`hp exec`).
 

@@ -35,8 +35,8 @@ def exec_target(env: Env, name: str, node: str | None) -> tuple[str, bool]:
     login = sorted((c for c in containers.values() if c.role == "login" and c.running), key=lambda c: c.name)
     if login:
         return login[0].name, False
-    ctl = next((c.name for c in containers.values() if c.role == "controller"), None)
-    return ctl or container_name(name, cluster.controller_node), True
+    ctl = cluster.controller_of(containers)
+    return ctl.name if ctl else container_name(name, cluster.controller_node), True
 
 
 def run_exec(

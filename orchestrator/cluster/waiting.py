@@ -8,7 +8,7 @@ from typing import Any
 from .. import waits
 from ..core.context import Env
 from ..errors import WaitTimeout
-from .query import describe
+from .describe import describe
 
 POLL_S = 0.5
 

@@ -1,5 +1,12 @@
 """What every operation needs: the process-wide handles (`Env`), one cluster's context
-(`Cluster`), and a small helper to run Docker calls in parallel."""
+(`Cluster`), and a small helper to run Docker calls in parallel.
+
+Every command holds an Env, and most a Cluster; what only some of them use is loaded when
+first used: the spec's model and its validation (pydantic), the instance types (YAML),
+GPU discovery and the images' builds. `hp exec` loads none of them, nor does `hp nodes` on
+a healthy cluster (cluster/query.py); a stored spec that names only shipped and user
+instance types is judged without GPU discovery (Env.catalogue looks discovered types up
+only for other names)."""
 
 from __future__ import annotations
 
@@ -12,21 +19,21 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from ..docker.images import MULTIHOST_IMAGES, NODE_IMAGES, Images
 from ..docker.provider import Provider
 from ..docker.views import Container
 from ..errors import TRANSIENT, BadInput, NotFound
-from ..gpu import inventory
-from ..gpu.inventory import HostGpuInfo
 from ..naming import container_name
 from ..slurm.client import Slurm
-from ..slurm.conf import controller_node
-from ..spec.catalogue import Catalogue
-from ..spec.model import ClusterSpec, InstanceGroup, validate
 from ..state.phases import Phase
 from ..state.store import Latest, Store
+
+if TYPE_CHECKING:
+    from ..docker.images import Images
+    from ..gpu.inventory import HostGpuInfo
+    from ..spec.catalogue import Catalogue
+    from ..spec.model import ClusterSpec, InstanceGroup
 
 log = logging.getLogger("hp")
 T = TypeVar("T")
@@ -64,8 +71,11 @@ class Env:
     @cached_property
     def catalogue(self) -> Catalogue:
         """The instance types: shipped, GPU types named after the host's GPUs (only
-        where there are GPUs; discovered when first needed), and the user's file. Without
-        an engine (or when discovery fails) there are no discovered types."""
+        where there are GPUs; discovered when a name is not a shipped or user type, or the
+        whole catalogue is listed: spec/catalogue.py), and the user's file. Without an
+        engine (or when discovery fails) there are no discovered types."""
+        from ..spec.catalogue import Catalogue
+
         return Catalogue(self.catalogue_file, self._discovered_types)
 
     def _discovered_types(self) -> dict[str, dict]:
@@ -88,17 +98,23 @@ class Env:
     def node_image_defs(self) -> tuple:
         """The images nodes run: with hosts, the login and worker images that mount /home
         from the cluster's file server, and that server."""
+        from ..docker.images import MULTIHOST_IMAGES, NODE_IMAGES
+
         return NODE_IMAGES + (MULTIHOST_IMAGES if self.multihost else ())
 
     def gpus(self, refresh: bool = False, host: str = "") -> HostGpuInfo:
         """A Docker host's GPUs (gpu/inventory.py: discovery cached in the store, or HP_GPUS):
         the one engine's, or a registered host's (the first one when `host` is "")."""
+        from ..gpu import inventory
+
         engines = self.provider.engines()
         engine = engines.get(host) or next(iter(engines.values()))
         return inventory.discover(engine, self.store, refresh=refresh)
 
     @cached_property
     def images(self) -> Images:
+        from ..docker.images import Images
+
         return Images(self.provider)
 
     def cluster(self, name: str) -> Cluster:
@@ -130,17 +146,25 @@ class Cluster:
             row = self.store.cluster(self.name)
             if row is None:
                 raise NotFound(f"cluster {self.name!r} does not exist")
-            self._spec = validate(row.spec, self.env.catalogue, existing=True)
+            self._spec = self._validate(row.spec)
         return self._spec
 
     def reload(self, spec: dict | None = None) -> ClusterSpec:
         """Read the spec again (or take `spec`, a stored spec document just read)."""
-        self._spec = validate(spec, self.env.catalogue, existing=True) if spec is not None else None
+        self._spec = self._validate(spec) if spec is not None else None
         return self.spec
+
+    def _validate(self, raw: dict) -> ClusterSpec:
+        """A stored spec document, judged with the instance types it names (Env.catalogue)."""
+        from ..spec.model import validate
+
+        return validate(raw, self.env.catalogue, existing=True)
 
     @property
     def controller_node(self) -> str:
         """The controller's Slurm node name (a "host" in hp is a Docker host only)."""
+        from ..slurm.conf import controller_node
+
         return controller_node(self.spec)
 
     @property
@@ -150,6 +174,17 @@ class Cluster:
     @cached_property
     def slurm(self) -> Slurm:
         return self.env.slurm_factory(self.p, self.controller_container)
+
+    def slurm_in(self, container: str) -> Slurm:
+        """Slurm's commands run in `container`: the controller's found by controller_of,
+        without reading the spec (`slurm` is the same client on the container it names)."""
+        return self.env.slurm_factory(self.p, container)
+
+    @staticmethod
+    def controller_of(containers: dict[str, Container]) -> Container | None:
+        """The controller's container in a listing of the nodes' (node_containers), known
+        by its role label: the spec is not read."""
+        return next((c for c in containers.values() if c.role == "controller"), None)
 
     @property
     def dir(self) -> Path:

@@ -47,7 +47,8 @@ from ..recovery import actions
 from ..state.phases import Phase, allowed
 from ..state.store import iso
 from ..state.transitions import ClusterStatus
-from .registry import _manager, record_lost
+from .engines import record_lost
+from .registry import _manager
 
 log = logging.getLogger("hp.hosts")
 
@@ -55,7 +56,7 @@ POLL_S = 1.0
 LOST_AFTER_S = float(os.environ.get("HP_HOST_LOST_AFTER", "3"))
 SWARM_EVERY_S = 5.0
 SWEEP_EVERY_S = 5.0
-RECORD_EVERY_S = 2.0  # a lost host's record is renewed this often (registry.LOST_TRUST_S)
+RECORD_EVERY_S = 2.0  # a lost host's record is renewed this often (engines.LOST_TRUST_S)
 FRESH_S = 20.0  # a host that came back is swept every poll this long
 REPLACE_WAIT_S = 60.0
 HANDS_OFF = frozenset(

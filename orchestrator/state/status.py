@@ -3,17 +3,20 @@ recorded history (why a node is pending, what operation is on it). Pure function
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..docker.views import Container
 from ..naming import ROLE_BY_NODE_TYPE, group_prefix, node_id, split_node
 from ..slurm.model import SlurmNode
-from ..spec.model import ClusterSpec
 from .phases import InstanceStatus as S
 from .phases import visible
 from .store import Latest
 from .transitions import GroupStatus
+
+if TYPE_CHECKING:
+    from ..spec.model import ClusterSpec
 
 
 @dataclass
@@ -90,29 +93,35 @@ def instance_status(
 
 
 def node_views(
-    spec: ClusterSpec,
+    spec: Callable[[], ClusterSpec],
     containers: dict[str, Container],
     snodes: dict[str, SlurmNode],
     recorded: Latest,
     controller_up: bool,
     lost: dict[str, tuple[str, str]] | None = None,
 ) -> list[NodeView]:
-    """`lost`: nodes on a registered host that does not answer (node -> (host, why))."""
+    """`spec`: the cluster's spec, asked for only when a node has no container (a container
+    names its group, role and type in its labels; a node without one has them from its
+    group in the spec). `lost`: nodes on a registered host that does not answer (node ->
+    (host, why))."""
     out = []
     lost = lost or {}
     names = set(containers) | set(lost) | {n for n, r in recorded.items() if visible(r[0]) == S.PENDING}
-    itypes = {g.InstanceGroupName: g.InstanceType for g in spec.InstanceGroups}
-    roles = {g.InstanceGroupName.lower(): ROLE_BY_NODE_TYPE[g.node_type] for g in spec.InstanceGroups}
-    gnames = {g.InstanceGroupName.lower(): g.InstanceGroupName for g in spec.InstanceGroups}
+    groups: dict[str, tuple[str, str, str]] = {}  # group name, lower case -> (its name, role, type)
+    if names - set(containers):
+        groups = {
+            g.InstanceGroupName.lower(): (g.InstanceGroupName, ROLE_BY_NODE_TYPE[g.node_type], g.InstanceType)
+            for g in spec().InstanceGroups
+        }
     for n in sorted(names, key=split_node):
         c = containers.get(n)
         if c is not None:
             group, role, itype = c.group, c.role, c.itype
         else:
             gl = group_prefix(n)
-            if gl not in gnames:
+            if gl not in groups:
                 continue
-            group, role, itype = gnames[gl], roles[gl], itypes[gnames[gl]]
+            group, role, itype = groups[gl]
         status, msg = instance_status(role, c, snodes.get(n), recorded.get(n), controller_up)
         host = None
         if c is None and n in lost:

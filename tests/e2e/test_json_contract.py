@@ -35,7 +35,8 @@ def test_json_outputs_validate(hp: Hp, tmp_path: Path) -> None:
     run(hp, "describe", "describe", name)
     assert len(run(hp, "nodes", "nodes", name)["ClusterNodeSummaries"]) == 4
     run(hp, "events", "events", name)
-    assert run(hp, "version", "version")["slurm"].startswith("24.11")
+    assert set(run(hp, "version", "version")) == {"hp", "python"}  # no engine asked
+    assert run(hp, "version", "version", "--images")["slurm"].startswith("24.11")
     run(hp, "images-build", "images", "build")
     run(hp, "images-list", "images", "list")
     run(hp, "images-key", "images", "key")

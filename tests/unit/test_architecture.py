@@ -52,6 +52,10 @@ FLOOR = {room: i for i, rooms in enumerate(FLOORS) for room in rooms}
 LAZY: dict[tuple[str, str], str] = {
     ("cli", "orchestrator"): "each command loads the library when it runs: `hp` starts with typer alone",
     ("cli", "rich"): "rich is loaded when something is printed, not to parse a command line",
+    ("core/context.py", "orchestrator"): "Env and Cluster are held by every command; what only some use (the spec's "
+    "pydantic model, the instance types, GPU discovery, image builds) loads on first use: `hp exec` loads none of it",
+    ("state/status.py", "orchestrator"): "the spec's model is a type here only: a healthy cluster's nodes are "
+    "judged from their containers' labels, and `hp nodes` loads no pydantic",
     ("docker/engine.py", "docker"): "docker-py on first engine use: importing hp loads no engine client",
     ("docker/engine.py", "requests"): "docker-py's transport, with docker-py",
     ("docker/engine.py", "urllib3"): "docker-py's transport, with docker-py",
@@ -310,6 +314,22 @@ def test_importing_any_module_touches_no_engine_and_no_database(tmp_path: Path) 
         capture_output=True,
         text=True,
     )
+    assert r.returncode == 0, r.stderr
+
+
+def test_the_quick_commands_load_only_what_they_use() -> None:
+    """What `hp exec`, `hp nodes` and `hp version` import (issue 23: hp's own cost per
+    command) loads neither the spec's model (pydantic) nor the instance types (YAML), GPU
+    discovery, the services or image builds; docker-py only on first engine use."""
+    code = (
+        "import sys; import orchestrator.assembly, orchestrator.cluster.exec, orchestrator.cluster.query, "
+        "orchestrator.ci.version; "
+        "heavy = ('pydantic', 'yaml', 'docker', 'orchestrator.spec.model', 'orchestrator.spec.catalogue', "
+        "'orchestrator.gpu.inventory', 'orchestrator.services.accounting', 'orchestrator.docker.images', "
+        "'orchestrator.hosts.registry'); "
+        "loaded = [m for m in heavy if m in sys.modules]; assert not loaded, loaded"
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=PKG.parent, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
 
 

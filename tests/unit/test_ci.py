@@ -17,11 +17,13 @@ import jsonschema
 import pytest
 from fakes import FakeContainer, World, spec_doc, world
 
-from orchestrator.ci import images_io, logs, submit, version
+import orchestrator
+from orchestrator.ci import images_io, logs, submit
+from orchestrator.ci.image_versions import image_versions, parse_dpkg_version, slurm_version
 from orchestrator.ci.images_io import images_key, load_images, read_manifest, save_images
 from orchestrator.ci.logs import LogWriter, export_logs, nodes_to_collect
 from orchestrator.ci.submit import FOLLOW_SH
-from orchestrator.ci.version import parse_dpkg_version, slurm_version, versions
+from orchestrator.ci.version import versions
 from orchestrator.cluster.create import CreateOptions, create
 from orchestrator.docker.views import ExecResult
 from orchestrator.errors import BadInput, EngineError, NotFound, OperationFailed, WaitTimeout
@@ -547,35 +549,32 @@ def test_version_names_slurm_from_the_worker_images_dpkg_database_once(tmp_path:
         return real(ref, path)
 
     w.provider.read_image_file = read  # type: ignore[method-assign]
-    doc = versions(w.env)
+    doc = versions() | image_versions(w.env)
     check_schema("version", doc)
     assert doc["slurm"] == "24.11.5-4" and set(doc["images"]) == {"controller", "login", "worker"}
     assert doc["python"].count(".") == 2 and doc["hp"] and "note" not in doc
     assert reads == [(doc["images"]["worker"], "/var/lib/dpkg/status")]
-    assert versions(w.env)["slurm"] == "24.11.5-4" and len(reads) == 1  # images are immutable: remembered
+    assert image_versions(w.env)["slurm"] == "24.11.5-4" and len(reads) == 1  # images are immutable: remembered
     iid = w.provider.image_id(doc["images"]["worker"])
     assert w.env.store.get(f"slurm-version:{iid}") == "24.11.5-4"
 
 
-def test_version_without_an_engine_or_images(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_version_without_an_engine_or_images(tmp_path: Path) -> None:
     w = world(tmp_path, build=False)
-    doc = versions(w.env)
+    doc = image_versions(w.env)
     assert doc["images"] is not None and doc["slurm"] is None  # base there, worker not built
     w = world(tmp_path / "bare", build=False)
     w.provider.images.clear()
-    doc = versions(w.env)
+    doc = versions() | image_versions(w.env)
     assert (doc["images"], doc["slurm"], doc["note"]) == (None, None, "no base image: run 'hp images build'")
     check_schema("version", doc)
     w.provider.up = False
-    doc = versions(w.env)
+    doc = versions() | image_versions(w.env)
     assert doc["images"] is None and doc["note"].startswith("cannot reach a Docker engine")
     check_schema("version", doc)
-
-    def missing(name: str) -> str:
-        raise version.PackageNotFoundError(name)
-
-    monkeypatch.setattr(version, "pkg_version", missing)
-    assert versions(w.env)["hp"] == "unknown"
+    doc = versions()  # plain `hp version`: no engine, no state
+    assert doc["hp"] == orchestrator.__version__ and set(doc) == {"hp", "python"}
+    check_schema("version", doc)
 
 
 def test_slurm_version_of_an_image_without_slurmd_is_not_remembered(tmp_path: Path) -> None:

@@ -382,18 +382,26 @@ def test_delete(hp: Hp) -> None:
     assert (r.code, r.err.strip()) == (2, "error: cluster 'lab' does not exist (see 'hp list')")
 
 
-def test_version(hp: Hp) -> None:
-    r = hp("version")
+def test_version(hp: Hp, monkeypatch: pytest.MonkeyPatch) -> None:
+    r = hp("version", "--images")
     lines = r.out.splitlines()
     assert r.code == 0 and lines[0].startswith("hp ") and "(Python " in lines[0]
     assert lines[1] == "Slurm 24.11.5-4"
     assert sorted(ln.split(":")[0] for ln in lines[2:]) == ["image controller", "image login", "image worker"]
-    doc = hp.json("version", "version")
+    doc = hp.json("version", "version", "--images")
     assert doc["slurm"] == "24.11.5-4"
     hp.w.provider.up = False
-    r = hp("version")
+    r = hp("version", "--images")
     assert r.code == 0 and "Slurm unknown (images not built)" in r.out and "note: cannot reach a Docker engine" in r.out
-    hp.json("version", "version")
+    hp.json("version", "version", "--images")
+
+    def no_env() -> None:
+        raise AssertionError("plain `hp version` asks no engine and opens no state")
+
+    monkeypatch.setattr(cli_cluster, "env", no_env)
+    r = hp("version")
+    assert r.code == 0 and len(r.out.splitlines()) == 1 and r.out.startswith("hp ") and "(Python " in r.out
+    assert set(hp.json("version", "version")) == {"hp", "python"}
 
 
 # -- scale, add-nodes, delete-nodes ----------------------------------------------------------

@@ -30,6 +30,7 @@ from orchestrator.errors import (
     OperationFailed,
 )
 from orchestrator.health.requests.decisions import implicated, interleave_hosts, ring_pairs
+from orchestrator.hosts import engines as host_engines
 from orchestrator.hosts import hostwatch
 from orchestrator.hosts.hostwatch import HostWatch
 from orchestrator.recovery import actions
@@ -534,7 +535,7 @@ def test_hosts_form_a_swarm_with_an_odd_number_of_managers(fleet):
     jsonschema.validate(json.loads(json.dumps(doc)), schema)  # what hp hosts list --json prints
     assert [h["SwarmRole"] for h in doc["Hosts"]] == ["manager"] * 3 and all(h["Reachable"] for h in doc["Hosts"])
     assert doc["Hosts"][1]["Cpus"] == 8  # the override
-    p = registry.provider_for(store)
+    p = host_engines.provider_for(store)
     assert isinstance(p, MultiHostProvider) and list(p.engines()) == ["h1", "h2", "h3"]
 
 
@@ -567,7 +568,9 @@ def test_removing_a_host_is_refused_while_a_controller_or_nodes_live_there(fleet
     registry.add(store, "h2", "unix:///h/2")
     registry.add(store, "h3", "unix:///h/3")
     w = multi_world(tmp_path / "w")
-    env = Env(provider=registry.provider_for(store), store=store, slurm_factory=lambda p, c: w.slurm, agents=w.agents)
+    env = Env(
+        provider=host_engines.provider_for(store), store=store, slurm_factory=lambda p, c: w.slurm, agents=w.agents
+    )
     for e in engines.values():
         e.on_start.append(w.slurm.register)
         e.on_start.append(service_started(e))
@@ -591,10 +594,10 @@ def test_overlay_mtu_and_hosts_registered(tmp_path, monkeypatch):
 
     rows = [HostRow("a", "unix:///a", {"mtu": 1400}, 1, 0.0), HostRow("b", "unix:///b", {}, 2, 0.0)]
     monkeypatch.delenv("HP_OVERLAY_MTU", raising=False)
-    assert registry.overlay_mtu(rows) == 1350  # VXLAN's 50 bytes below the smallest NIC
-    assert registry.overlay_mtu(rows[1:]) is None
+    assert host_engines.overlay_mtu(rows) == 1350  # VXLAN's 50 bytes below the smallest NIC
+    assert host_engines.overlay_mtu(rows[1:]) is None
     monkeypatch.setenv("HP_OVERLAY_MTU", "1300")
-    assert registry.overlay_mtu(rows) == 1300
+    assert host_engines.overlay_mtu(rows) == 1300
     assert [registry.managers_wanted(n) for n in range(1, 6)] == [1, 1, 3, 3, 3]
     assert not hosts_registered(tmp_path / "none")  # reads, makes nothing
     assert not (tmp_path / "none").exists()
@@ -685,7 +688,7 @@ def silent_engine(tmp_path):
     s = socket.socket(socket.AF_UNIX)
     s.bind(str(path))
     s.listen(64)
-    yield DockerEngine(f"unix://{path}", name="silent", answer_timeout=0.5)  # as registry.engine_for makes them
+    yield DockerEngine(f"unix://{path}", name="silent", answer_timeout=0.5)  # as engines.engine_for makes them
     s.close()
 
 
@@ -710,17 +713,18 @@ def test_a_host_that_accepts_and_never_answers_costs_one_ping_timeout(silent_eng
 
 
 def test_a_host_the_watcher_recorded_lost_is_not_even_pinged(tmp_path, monkeypatch):
-    from orchestrator.hosts import registry
     from orchestrator.state.store import Store
 
     store = Store(tmp_path / "home")
     store.add_host("h1", "unix:///nowhere/1.sock", {})
     store.add_host("h2", "unix:///nowhere/2.sock", {})
-    registry.record_lost(store, "h2", "connection refused", since=100.0, now=1000.0)
+    host_engines.record_lost(store, "h2", "connection refused", since=100.0, now=1000.0)
     rows = store.hosts()
-    assert registry.lost_hosts(rows, now=1005.0) == {"h2": "connection refused (lost since 1970-01-01T00:01:40.000Z)"}
-    assert registry.lost_hosts(rows, now=1000.0 + registry.LOST_TRUST_S) == {}  # a stale record: pinged again
-    registry.record_lost(store, "nohost", "x")  # a host removed meanwhile: nothing to record
+    assert host_engines.lost_hosts(rows, now=1005.0) == {
+        "h2": "connection refused (lost since 1970-01-01T00:01:40.000Z)"
+    }
+    assert host_engines.lost_hosts(rows, now=1000.0 + host_engines.LOST_TRUST_S) == {}  # a stale record: pinged again
+    host_engines.record_lost(store, "nohost", "x")  # a host removed meanwhile: nothing to record
     a, b = FakeProvider(name="a"), FakeProvider(name="b")
     calls = []
     b.ping = lambda timeout=None: calls.append("ping")  # type: ignore[method-assign]
@@ -731,7 +735,6 @@ def test_a_host_the_watcher_recorded_lost_is_not_even_pinged(tmp_path, monkeypat
 
 
 def test_the_watcher_records_a_lost_host_while_it_is_lost(tmp_path, monkeypatch):
-    from orchestrator.hosts import registry
 
     w = multi_world(tmp_path)
     for h in w.hosts:
@@ -740,16 +743,16 @@ def test_the_watcher_records_a_lost_host_while_it_is_lost(tmp_path, monkeypatch)
     lose(w, "h3", monkeypatch)
     hw = run_watch(w)
     rows = w.env.store.hosts()
-    assert set(registry.lost_hosts(rows)) == {"h3"}
+    assert set(host_engines.lost_hosts(rows)) == {"h3"}
     w.hosts["h3"].up = True
     hw.poll()
-    assert registry.lost_hosts(w.env.store.hosts()) == {}
-    assert all(r.opt(registry.LOST_KEY) is None for r in w.env.store.hosts())
+    assert host_engines.lost_hosts(w.env.store.hosts()) == {}
+    assert all(r.opt(host_engines.LOST_KEY) is None for r in w.env.store.hosts())
 
 
 def test_hp_nodes_and_describe_name_the_unreachable_host(tmp_path, monkeypatch):
+    from orchestrator.cluster.describe import describe
     from orchestrator.cluster.exec import exec_target
-    from orchestrator.cluster.query import describe
 
     w = multi_world(tmp_path)
     make(w)

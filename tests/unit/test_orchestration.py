@@ -17,7 +17,8 @@ import orchestrator.cluster.reconciler as reconciler
 from orchestrator.agent.daemon import Agent
 from orchestrator.cluster.create import CreateOptions, create
 from orchestrator.cluster.delete import delete, remove_network
-from orchestrator.cluster.query import describe, list_clusters, nodes
+from orchestrator.cluster.describe import describe
+from orchestrator.cluster.query import list_clusters, nodes
 from orchestrator.cluster.reconciler import BACKOFF, GroupReconciler
 from orchestrator.cluster.scaling import delete_nodes, scale
 from orchestrator.core import capacity

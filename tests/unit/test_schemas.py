@@ -14,9 +14,9 @@ import jsonschema
 import pytest
 import typer
 
+from orchestrator.ci.image_versions import parse_dpkg_version
 from orchestrator.ci.images_io import read_manifest
 from orchestrator.ci.logs import LogWriter
-from orchestrator.ci.version import parse_dpkg_version
 from orchestrator.cli import app
 from orchestrator.errors import BadInput
 

@@ -19,7 +19,7 @@ from fakes import spec_doc, world
 from orchestrator.ci.logs import export_logs
 from orchestrator.cluster.create import CreateOptions, create
 from orchestrator.cluster.delete import delete
-from orchestrator.cluster.query import describe
+from orchestrator.cluster.describe import describe
 from orchestrator.core.context import Cluster
 from orchestrator.docker.views import ExecResult
 from orchestrator.errors import BadInput, EngineError, OperationFailed

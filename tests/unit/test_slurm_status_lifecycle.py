@@ -85,7 +85,7 @@ def test_group_views_counts_and_status():
     spec = validate(DEFAULT_SPEC, load_catalogue())
     containers = {"cpu-a-1": ci(), "controller-1": ci(role="controller", node="controller-1", group="controller")}
     recorded = {"cpu-a-2": ("LaunchFailed", "InsufficientCapacity: no", 0.0)}
-    views = node_views(spec, containers, {"cpu-a-1": IDLE}, recorded, True)
+    views = node_views(lambda: spec, containers, {"cpu-a-1": IDLE}, recorded, True)
     assert [(v.node, v.status) for v in views] == [
         ("controller-1", "Running"),
         ("cpu-a-1", "Running"),
@@ -95,6 +95,24 @@ def test_group_views_counts_and_status():
     assert g["cpu-a"]["CurrentCount"] == 1 and g["cpu-a"]["PendingCount"] == 1 and g["cpu-a"]["TargetCount"] == 2
     assert g["cpu-a"]["ActiveOperations"] == ["Scale to 2"] and g["cpu-a"]["Status"] == "Creating"
     assert g["controller"]["Status"] == "InService"
+
+
+def test_node_views_read_the_spec_only_for_a_node_without_a_container():
+    spec = validate(DEFAULT_SPEC, load_catalogue())
+
+    def unread():
+        raise AssertionError("every node has a container: its labels name its group, role and type")
+
+    containers = {"cpu-a-1": ci(), "controller-1": ci(role="controller", node="controller-1", group="controller")}
+    views = node_views(unread, containers, {"cpu-a-1": IDLE}, {}, True)
+    assert [(v.node, v.group, v.role, v.status) for v in views] == [
+        ("controller-1", "controller", "controller", "Running"),
+        ("cpu-a-1", "cpu-a", "worker", "Running"),
+    ]
+    asked = []
+    views = node_views(lambda: asked.append(1) or spec, {}, {}, {"cpu-b-2": ("LaunchFailed", "", 0.0)}, True)
+    assert [(v.node, v.group, v.itype, v.status) for v in views] == [("cpu-b-2", "cpu-b", "cpu.small", "Pending")]
+    assert asked == [1]
 
 
 def test_transition_table():

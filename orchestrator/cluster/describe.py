@@ -1,0 +1,57 @@
+"""Describing a cluster (HyperPod's DescribeCluster shape): its status, groups and
+services, derived from what Docker and Slurm say now (query.py's observe)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..core.context import Cluster, Env
+from ..services.accounting import health
+from ..services.endpoints import url
+from ..state.status import group_views
+from ..state.store import iso
+from .query import observe, unreachable_view
+
+
+def active_ops(env: Env, name: str) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for op in env.store.operations(name):
+        what = f"{op['kind']}" + (f" to {op['target']}" if op["target"] is not None else f" {op['nodes']}")
+        out.setdefault(op["group"], []).append(what)
+    return out
+
+
+def describe(env: Env, name: str, services: bool = True) -> dict[str, Any]:
+    """DescribeCluster's shape; without `services`, the status and groups alone (what `hp
+    create` prints: no slurmdbd health check on its way out)."""
+    cluster = env.cluster(name)
+    row = env.store.cluster(name)
+    assert row is not None
+    nodes, up = observe(cluster)
+    spec = cluster.spec
+    return {
+        "ClusterName": name,
+        "ClusterStatus": row.status,
+        "FailureMessage": row.message or None,
+        "CreationTime": iso(row.created),
+        "NodeRecovery": spec.NodeRecovery,
+        "NodeProvisioningMode": spec.NodeProvisioningMode or "AllOrNothing",
+        "ControllerReachable": up,
+        "SlurmControllerHost": cluster.controller_node,
+        "InstanceGroups": group_views(spec, nodes, active_ops(env, name)),
+        **(services_view(cluster) if services else {}),
+        **unreachable_view(env),
+    }
+
+
+def services_view(cluster: Cluster) -> dict[str, Any]:
+    """The cluster services: Accounting and Rest as set, slurmdbd's health
+    (SlurmHealthMetadata) and the agent's loopback endpoints."""
+    spec, store = cluster.spec, cluster.store
+    rest = url(store, cluster.name, "rest") if spec.rest else None
+    return {
+        "Accounting": {"Enabled": spec.accounting},
+        "Rest": {"Enabled": spec.rest},
+        "SlurmHealth": [health(cluster).as_dict()] if spec.accounting else [],
+        "Endpoints": {"Rest": rest, "Metrics": url(store, cluster.name, "metrics")},
+    }
