@@ -490,7 +490,8 @@ READY_LINES = {"database": "mariadbd: ready for connections.", "accounting": "sl
 
 def service_started(p: FakeProvider) -> Callable[[FakeContainer], None]:
     """A cluster service's container says it is ready, as the real ones do: slurmdbd
-    only when its cluster's database runs (its entry waits for the database to answer)."""
+    only when its cluster's database runs and said it is ready (its entry waits for the
+    database to answer)."""
 
     def hook(c: FakeContainer) -> None:
         role = c.spec.labels.get("io.hp.role", "")
@@ -498,6 +499,7 @@ def service_started(p: FakeProvider) -> Callable[[FakeContainer], None]:
             x.spec.labels.get("io.hp.role") == "database"
             and x.spec.labels.get(L_CLUSTER) == c.spec.labels.get(L_CLUSTER)
             and x.state == "running"
+            and READY_LINES["database"] in x.logs
             for x in p.containers_.values()
         ):
             return

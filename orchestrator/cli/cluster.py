@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
 
@@ -90,7 +91,7 @@ def create(
         print_groups(out, doc)
 
 
-def dry_run_check(e: Any, spec: Any, catalogue: dict) -> None:
+def dry_run_check(e: Any, spec: Any, catalogue: Mapping) -> None:
     """With an engine that answers, the host's capacity too (CPU types: no state is read,
     unless hosts are registered: then their capacity and the spec's Placement)."""
     from ..cluster.create import capacity_problems

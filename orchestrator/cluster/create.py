@@ -117,7 +117,7 @@ def capacity_problems(
     whole pool, every other node gone; a node fits on one host, and a type's pool is
     the sum over the hosts its groups may use): refused before anything is made."""
     assert env is not None or pool is not None
-    catalogue = catalogue or env.catalogue  # type: ignore[union-attr]
+    catalogue = catalogue if catalogue is not None else env.catalogue  # type: ignore[union-attr]
     per_host = {"": pool} if pool is not None else capacity.pools(env.provider, env.store, has_gpus(spec, catalogue))[0]  # type: ignore[union-attr]
     wanted: dict[str, tuple[int, set[str]]] = {}
     for g in spec.InstanceGroups:

@@ -49,7 +49,7 @@ def bound_problems(c: Cluster, group: str, new_count: int) -> list[str]:
                 f"set MaxNodeCount in the spec, at most {SLURM_MAX_NODES}, to make room)"
             )
     itype = c.env.catalogue[g.InstanceType]
-    pools = capacity.pools(c.p, c.store)[0]
+    pools = capacity.pools(c.p, c.store, itype.gpus > 0)[0]
     if list(pools) == [""]:
         ceiling, why = capacity.ceiling(itype, pools[""])
     else:  # a node fits on one host: the bound is the sum of each host's

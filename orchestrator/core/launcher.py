@@ -271,7 +271,7 @@ class Launcher:
             return False
 
     def start(self, cid: str) -> LaunchError | None:
-        if self.gres_pending and (why := self._reconfigure()) and self._is_gpu_node(cid):
+        if self.gres_pending and self._is_gpu_node(cid) and (why := self._reconfigure()):
             # its slurmd would register without the gres.conf lines that name its GPUs
             return LaunchError(
                 "GresConfigFailed", f"slurmctld not reconfigured for gres.conf: {why[:200]}", retryable=True

@@ -194,6 +194,7 @@ def wait_ready(
     (with its last lines) when its container stops, or the database's container `also`
     (the service waits for it), or at the deadline."""
     looks = itertools.count(1)
+    t0 = time.monotonic()
     watched = [(cid, role)] + ([(also, "database")] if also else [])
 
     def ready() -> bool:
@@ -205,15 +206,15 @@ def wait_ready(
                     raise err
         return False
 
-    waits.until(
-        ready,
-        every=POLL_S,
-        deadline=deadline,
-        error=lambda _: OperationFailed(
-            f"{SERVICE_HOSTS[role]} was not ready within {READY_TIMEOUT:g} s; last log:\n"
-            + cluster.p.logs(cid, tail=15)
-        ),
-    )
+    def late(_: object) -> OperationFailed:
+        # slurmdbd waits for the database: when that never said ready, it is the one named
+        if also and not ready_marks(cluster, also, "database"):
+            who, logs = "the database (slurmdbd waits for it)", cluster.p.logs(also, tail=15)
+        else:
+            who, logs = SERVICE_HOSTS[role], cluster.p.logs(cid, tail=15)
+        return OperationFailed(f"{who} was not ready within {max(deadline - t0, 0):.1f} s; last log:\n{logs}")
+
+    waits.until(ready, every=POLL_S, deadline=deadline, error=late)
 
 
 class CreateServices:
@@ -251,7 +252,10 @@ class CreateServices:
         for role in later:
             self.ids[role] = create(self.c, role, self.images[role], slurm_conf if role == "rest" else None)
             if role == "accounting":
-                self.c.p.start(self.ids[role])
+                try:
+                    self.c.p.start(self.ids[role])
+                except EngineError as e:
+                    raise OperationFailed(f"slurmdbd's container could not be started: {e}") from None
 
     def _made(self) -> None:
         if self._making is not None:
@@ -265,9 +269,9 @@ class CreateServices:
     def accounting_ready(self, deadline: float) -> None:
         """slurmdbd said it started (fails fast with the last log lines of the database or
         slurmdbd when its container stopped)."""
-        self._made()
         if not self.accounting:
             return
+        self._made()
         deadline = min(deadline, time.monotonic() + READY_TIMEOUT)
         wait_ready(self.c, self.ids["accounting"], "accounting", 0, deadline, also=self.ids["database"])
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -117,11 +118,13 @@ class Catalogue(Mapping[str, InstanceType]):
         self._static = load_catalogue(extra)
         self._discover = discover
         self._all: dict[str, InstanceType] | None = None
+        self._lock = threading.Lock()  # one discovery, whichever thread asks first
 
     def _full(self) -> dict[str, InstanceType]:
-        if self._all is None:
-            self._all = load_catalogue(self._extra, self._discover())
-        return self._all
+        with self._lock:
+            if self._all is None:
+                self._all = load_catalogue(self._extra, self._discover())
+            return self._all
 
     def __getitem__(self, name: str) -> InstanceType:
         return self._static[name] if name in self._static else self._full()[name]

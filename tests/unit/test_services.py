@@ -35,9 +35,9 @@ from orchestrator.spec.model import ACCOUNTING_DEFAULT, REST_DEFAULT, validate, 
 from orchestrator.state.health_requests import Records
 
 
-def make(w, name="lab", **top):
+def make(w, name="lab", timeout=5.0, **top):
     spec = validate(spec_doc(name, **top), w.env.catalogue)
-    create(w.env, spec, CreateOptions(timeout=5))
+    create(w.env, spec, CreateOptions(timeout=timeout))
     return Cluster(w.env, name)
 
 
@@ -127,6 +127,21 @@ def test_a_database_that_exits_at_start_fails_the_create_and_rolls_back(tmp_path
         make(w)
     assert w.provider.containers("lab") == [] and w.provider.volumes("lab") == []
     assert not (w.home / "clusters" / "lab" / "db.password").exists()
+
+
+def test_a_database_that_never_answers_is_named_when_slurmdbd_waits_for_it(tmp_path):
+    w = world(tmp_path)
+
+    def silent(c):  # runs, and never says it is ready (slurmdbd's entry keeps waiting)
+        if c.spec.labels.get("io.hp.role") == "database":
+            c.logs = "mariadbd: [Note] InnoDB: Buffer pool(s) load completed\n"
+
+    w.provider.on_start.append(silent)
+    with pytest.raises(
+        OperationFailed, match=r"(?s)the database \(slurmdbd waits for it\) was not ready within 0.5 s.*InnoDB"
+    ):
+        make(w, timeout=0.5)
+    assert w.provider.containers("lab") == [] and w.provider.volumes("lab") == []
 
 
 # -- health -----------------------------------------------------------------------------------
