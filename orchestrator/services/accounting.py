@@ -316,7 +316,10 @@ def _down(c: Container | None, what: str) -> str | None:
 
 def database_answers(cluster: Cluster, db: Container) -> bool:
     try:
-        res = cluster.p.exec(db.id, ["timeout", "2", "mariadb", "-N", "-e", "select 1"])
+        # --skip-ssl: the server runs without TLS (images/node/hp-my.cnf), and MariaDB
+        # 11.8's client otherwise refuses it ("SSL is required, but the server does not
+        # support it"), which read as a database that does not answer
+        res = cluster.p.exec(db.id, ["timeout", "2", "mariadb", "--skip-ssl", "-N", "-e", "select 1"])
     except EngineError:
         return False
     return res.exit_code == 0

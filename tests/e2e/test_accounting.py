@@ -244,6 +244,35 @@ def test_database_killed_unhealthy_then_brought_back_with_the_records(lab: tuple
     assert "mariadb" in events and "starting it again" in events, events
 
 
+def test_a_hung_slurmdbd_is_daemon_down_while_its_database_answers(lab: tuple[Hp, str]) -> None:
+    """slurmdbd frozen (SIGSTOP from the host: its container runs, it answers nothing):
+    DaemonDown, because the database still answers hp's probe (a `mariadb` client in its
+    container, without TLS as the server is: with the client's default it was refused, and
+    the reason said DbUnreachable)."""
+    h, name = lab
+    pidf = h.home / "clusters" / name / "agent.pid"
+    t0 = time.monotonic()
+    while not pidf.exists():  # the agent hp create started (this test may run first)
+        assert time.monotonic() - t0 < 20, "no agent"
+        time.sleep(0.2)
+    agent = int(pidf.read_text())
+    top = DockerEngine().api.top(f"hp-{name}-slurmdbd")  # host pids
+    cmd, pid = top["Titles"].index("CMD"), top["Titles"].index("PID")
+    dbd = next(int(p[pid]) for p in top["Processes"] if p[cmd].startswith("slurmdbd"))
+    os.kill(agent, signal.SIGSTOP)  # hold the agent, so that the fault is seen before it is repaired
+    os.kill(dbd, signal.SIGSTOP)
+    try:
+        health = h.json("describe", name)["SlurmHealth"][0]
+        assert (health["Status"], health.get("Reason")) == ("Unhealthy", "DaemonDown"), health
+    finally:
+        os.kill(dbd, signal.SIGCONT)
+        os.kill(agent, signal.SIGCONT)
+    t0 = time.monotonic()
+    while h.json("describe", name)["SlurmHealth"][0]["Status"] != "Healthy":
+        assert time.monotonic() - t0 < 60, "slurmdbd did not answer again"
+        time.sleep(0.5)
+
+
 def test_rest_front_is_the_only_door_from_the_host(lab: tuple[Hp, str]) -> None:
     """Issue 24: slurmrestd's port was published on 127.0.0.1 next to the front, which it
     bypassed (511 from slurmrestd instead of the front's 401). No container of the cluster
