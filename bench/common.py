@@ -9,7 +9,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,7 +71,7 @@ def floor(n: int, itype: str = "bench.tiny") -> float:
     images and slurm.conf, no orchestration (no state, no capacity, no labels logic). The
     fastest order found: every container created at once on threads, the controller
     started first and each worker as soon as it is made (the image's entry starts slurmd
-    once slurmctld listens, polling every 0.1 s), Slurm polled every 0.05 s. (Workers
+    once slurmctld listens, a connect every 0.05 s), Slurm polled every 0.05 s. (Workers
     started only after `scontrol ping` answered: 10-20% slower at N = 4 here.)"""
     os.environ.setdefault("HP_INSTANCE_TYPES", "")
     p = DockerProvider()
@@ -84,11 +86,9 @@ def floor(n: int, itype: str = "bench.tiny") -> float:
         key = secrets.token_bytes(64)
         t = cat[itype]
         net = f"floor-{name}"
-        lab = {"io.hp.bench": name}
-        ids: list[str] = []
-        try:
-            t0 = time.monotonic()
-            p.api.create_network(net, driver="bridge", labels=lab)
+        lab = {"io.hp.bench": net}
+        t0 = time.monotonic()
+        with bench_network(p, net) as ids:
 
             def controller() -> str:
                 cid = p.create_container(
@@ -126,10 +126,6 @@ def floor(n: int, itype: str = "bench.tiny") -> float:
             while sum(1 for x in slurm.nodes() if x.usable) < n:
                 time.sleep(0.05)
             return time.monotonic() - t0
-        finally:
-            with ThreadPoolExecutor(32) as ex:
-                list(ex.map(p.remove_container, ids))
-            remove_network(p, net)  # as hp's delete: Docker may count the endpoints a moment longer
 
 
 def start_floor(n: int) -> float:
@@ -139,28 +135,38 @@ def start_floor(n: int) -> float:
     p = DockerProvider()
     image = Images(p).refs()["worker"]
     net = f"floor-start{secrets.token_hex(3)}"
-    lab = {"io.hp.bench": net}
-    ids: list[str] = []
-    try:
-        t0 = time.monotonic()
-        p.api.create_network(net, driver="bridge", labels=lab)
+    t0 = time.monotonic()
+    with bench_network(p, net) as ids:
 
         def one(i: int) -> None:
-            cid = p.create_container(
-                ContainerSpec(
-                    name=f"{net}-{i}", image=image, hostname=f"c-{i}", labels=lab, network=net, command=["sleep", "1d"]
-                )
+            spec = ContainerSpec(
+                name=f"{net}-{i}",
+                image=image,
+                hostname=f"c-{i}",
+                labels={"io.hp.bench": net},
+                network=net,
+                command=["sleep", "1d"],
             )
-            ids.append(cid)
-            p.start(cid)
+            ids.append(p.create_container(spec))
+            p.start(ids[-1])
 
         with ThreadPoolExecutor(32) as ex:
             list(ex.map(one, range(n)))
         return time.monotonic() - t0
+
+
+@contextmanager
+def bench_network(p: DockerProvider, net: str) -> Iterator[list[str]]:
+    """A bridge network of the bench's own (made on entry), and the list of the containers
+    made on it: all removed on the way out."""
+    ids: list[str] = []
+    try:
+        p.api.create_network(net, driver="bridge", labels={"io.hp.bench": net})
+        yield ids
     finally:
         with ThreadPoolExecutor(32) as ex:
             list(ex.map(p.remove_container, ids))
-        remove_network(p, net)
+        remove_network(p, net)  # as hp's delete: Docker may count the endpoints a moment longer
 
 
 def hp(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
