@@ -356,10 +356,12 @@ class Creating:
     def _converge(self, recs: list[GroupReconciler]) -> None:
         """Drive these groups' passive sync until each node this create launched runs. A
         node that fails ends an all-or-nothing create; in continuous mode it is left to
-        the agent. One Slurm query a pass; a compute group's sync (its containers listed,
-        its nodes' records read) runs when Slurm shows one of its waiting nodes responding,
-        and every SYNC_EVERY passes (a container that exited, a register timeout); a login
-        group's at every pass (its join is seen from its node: `scontrol ping`)."""
+        the agent. One Slurm query a pass; a group's sync (its containers listed, its
+        nodes' records read, for a login node an exec of `scontrol ping` there) runs every
+        SYNC_EVERY passes (a container that exited, a register timeout), and besides: a
+        compute group's when Slurm shows one of its waiting nodes responding, a login
+        group's at every pass once no compute node is waiting (its join is seen only from
+        its node)."""
         c, strict = self.c, not self.c.spec.continuous
         mine = {n for n, r in self.nodes.rec_of.items() if r in recs}
         compute = any(self.types[r.group] == "Compute" for r in recs)
@@ -371,10 +373,14 @@ class Creating:
             latest = c.store.latest_phases(c.name)
             waiting = {n for n in mine if latest.get(n, ("",))[0] != Phase.RUNNING.value}
             every = next(passes) % SYNC_EVERY == 0
+            workers_done = all(self.types[self.nodes.rec_of[n].group] != "Compute" for n in waiting)
             for r in recs:  # only the groups still waiting
                 theirs = [n for n in waiting if self.nodes.rec_of[n] is r]
-                responding = any(n in snodes and not snodes[n].not_responding for n in theirs)
-                if theirs and (every or responding or self.types[r.group] == "Login"):
+                if self.types[r.group] == "Login":
+                    news = workers_done
+                else:
+                    news = any(n in snodes and not snodes[n].not_responding for n in theirs)
+                if theirs and (every or news):
                     r.sync(snodes)
             latest = c.store.latest_phases(c.name)
             running = {n for n in self.nodes.rec_of if latest.get(n, ("",))[0] == Phase.RUNNING.value}
