@@ -181,7 +181,7 @@ mkdir -p /opt/team/bin
 printf '#!/bin/sh\\necho team tool on %s\\n' "$HP_NODE" > /opt/team/bin/team-tool
 chmod +x /opt/team/bin/team-tool
 grep -c '"InstanceName"' /opt/ml/config/resource_config.json > /opt/team/node-count
-id alice >/dev/null 2>&1 || useradd -m -u 2001 alice
+id alice >/dev/null 2>&1 || useradd -M -u 2001 alice  # -M: /home is shared, every node runs this at once
 echo "$t0 $(date +%s.%N)" > /var/tmp/oncreate-time
 """
 
