@@ -131,6 +131,7 @@ class FakeProvider:
         self.images: dict[str, str] = {}
         self.exec_handler: Callable[[FakeContainer, list[str]], ExecResult] | None = None
         self.on_start: list[Callable[[FakeContainer], None]] = []
+        self.on_logs: list[Callable[[FakeContainer], None]] = []  # before a container's log is read
         self.fail_create: Callable[[ContainerSpec], EngineError | None] = lambda spec: None
         self.fail_start: Callable[[FakeContainer], EngineError | None] = lambda c: None
         self.events_: list[Event] = []
@@ -287,7 +288,10 @@ class FakeProvider:
         )
 
     def logs(self, container: str, tail: int | str = "all") -> str:
-        return self._get(container).logs
+        c = self._get(container)
+        for hook in self.on_logs:
+            hook(c)
+        return c.logs
 
     def follow_logs(self, container: str, since: float | None = None) -> FakeLines:
         c = self._get(container)
@@ -490,18 +494,31 @@ READY_LINES = {"database": "mariadbd: ready for connections.", "accounting": "sl
 
 def service_started(p: FakeProvider) -> Callable[[FakeContainer], None]:
     """A cluster service's container says it is ready, as the real ones do: slurmdbd
-    only when its cluster's database runs and said it is ready (its entry waits for the
-    database to answer)."""
+    only once its cluster's database runs and said it is ready (its entry waits for the
+    database to answer: a slurmdbd started first says so when its log is next read
+    after the database's line)."""
 
-    def hook(c: FakeContainer) -> None:
-        role = c.spec.labels.get("io.hp.role", "")
-        if role == "accounting" and not any(
+    def db_ready(cluster: str | None) -> bool:
+        return any(
             x.spec.labels.get("io.hp.role") == "database"
-            and x.spec.labels.get(L_CLUSTER) == c.spec.labels.get(L_CLUSTER)
+            and x.spec.labels.get(L_CLUSTER) == cluster
             and x.state == "running"
             and READY_LINES["database"] in x.logs
             for x in p.containers_.values()
-        ):
+        )
+
+    def catch_up(c: FakeContainer) -> None:
+        if c in waiting and c.state == "running" and db_ready(c.spec.labels.get(L_CLUSTER)):
+            waiting.remove(c)
+            c.logs += READY_LINES["accounting"] + "\n"
+
+    waiting: list[FakeContainer] = []
+    p.on_logs.append(catch_up)
+
+    def hook(c: FakeContainer) -> None:
+        role = c.spec.labels.get("io.hp.role", "")
+        if role == "accounting" and not db_ready(c.spec.labels.get(L_CLUSTER)):
+            waiting.append(c)
             return
         if line := READY_LINES.get(role):
             c.logs += line + "\n"

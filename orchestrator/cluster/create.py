@@ -1,12 +1,13 @@
 """`hp create`: a list of named actions (as kind's create), with progress reported per
 action and per group, and one rollback path.
 
-The actions: network, volumes and key; the controller (with Accounting the database
-first, then slurmdbd's container and the controller's, all started at once: each entry
-waits for the daemon it needs, services/accounting.py); the login and compute nodes,
-recorded Queued and created through the reconciler's launch (reconciler.py: the agent's
-launch path) and started at once on a thread (their entry runs the lifecycle script, then
-waits for slurmctld to listen), GPU nodes and slurmrestd (Rest) the moment slurmctld
+The actions: network, volumes and key; the controller (with Accounting the database's
+and slurmdbd's containers made and started on threads while the controller's is: each
+entry waits for the daemon it needs, services/accounting.py); once the database started
+(without Accounting: the controller), the login and compute nodes, recorded Queued and
+created through the reconciler's launch (reconciler.py: the agent's launch path) and
+started at once on a thread (their entry runs the lifecycle script, then waits for
+slurmctld to listen), GPU nodes and slurmrestd (Rest) the moment slurmctld
 answers `scontrol ping`; then the same reconciler's passive sync, in-process, until the
 nodes joined or the deadline passes. All-or-nothing: a node that cannot be provisioned
 fails the create (and rolls it back); continuous: the create returns once the login
@@ -230,12 +231,14 @@ class Creating:
         self.nodes = Launch(self.launcher, self.recs, [(g, i) for g in groups for i in range(1, g.InstanceCount + 1)])
         self.later: list[str] = []  # nodes started once slurmctld answers
         self.early: Future[None] | None = None  # nodes started while it boots
+        self.making_controller: Future[str] | None = None
 
     def actions(self) -> list[tuple[str, Callable[[], None]]]:
         return [
             ("network", self.network),
             ("controller", self.controller),
             ("nodes", self.make_nodes),
+            ("controller started", self.controller_started),
             ("accounting", self.accounting),
             ("controller ready", self.controller_ready),
             ("start nodes", self.start_nodes),
@@ -248,6 +251,8 @@ class Creating:
         record nothing more (the rollback removes their containers, which ends their
         starts: a lifecycle script is not waited for)."""
         self.services.settle()
+        if self.making_controller is not None:
+            wait([self.making_controller])
         self.nodes.stopped = True
 
     def network(self) -> None:
@@ -268,22 +273,37 @@ class Creating:
         c.make_key()
 
     def controller(self) -> None:
-        """The services begin (the database boots while the other containers are made);
-        the controller's container, started (with Accounting, slurmctld waits for slurmdbd
-        in its entry)."""
+        """The daemons the nodes need, made and started at once: with Accounting the
+        database and slurmdbd on threads, and the controller (its container made here,
+        its capacity taken before any node's; started on a thread). Each entry waits for
+        the daemon it needs (slurmdbd for MariaDB, slurmctld for slurmdbd). Returns once the
+        first of them started (the database, or without Accounting the controller): node
+        containers started sooner would slow those starts (Docker starts a few containers
+        at a time), later would leave Docker idle while MariaDB and slurmctld boot."""
         spec = self.c.spec
         self.conf = render(spec, self.c.env.catalogue).encode()
         if spec.accounting:
-            self.progress.stage("accounting", "database, then slurmdbd, before slurmctld")
+            self.progress.stage("accounting", "database and slurmdbd, with the controller")
         self.services.begin(self.conf)
         self.progress.stage("controller", self.c.controller_node)
-        self.ctl = self._make_controller(self.images.get("fileserver"))
+        cid = self._create_controller()
+        ex = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hp-controller")
+        self.making_controller = ex.submit(self._start_controller, cid, self.images.get("fileserver"))
+        ex.shutdown(wait=False)
+        if spec.accounting:
+            self.services.database_started()
+        else:
+            self.controller_started()
 
     def make_nodes(self) -> None:
-        """Every login and compute node Queued and its container made, while slurmctld
-        boots; they start at once, on a thread (their lifecycle scripts run meanwhile, and
-        their daemons start when slurmctld listens: images/node/hp-entry). GPU nodes wait
-        for gres.conf, which needs slurmctld."""
+        """Every login and compute node Queued and its container made, while the
+        controller starts and boots; they start at once, on a thread (their lifecycle
+        scripts run meanwhile, and their daemons start when slurmctld listens:
+        images/node/hp-entry). GPU nodes wait for gres.conf, which needs slurmctld: with
+        any, the nodes are made once the controller's container is (their lines go into
+        its gres.conf as they are made)."""
+        if has_gpus(self.c.spec, self.c.env.catalogue):
+            self.controller_started()
         made = self.nodes.create()
         early = [n for n, cid in made.items() if cid not in self.launcher.gpu_cids]
         self.later = [n for n in made if n not in early]
@@ -291,6 +311,11 @@ class Creating:
             ex = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hp-early-start")
             self.early = ex.submit(self.nodes.start, early)
             ex.shutdown(wait=False)
+
+    def controller_started(self) -> None:
+        """The controller's container started (its error is the create's)."""
+        assert self.making_controller is not None
+        self.ctl = self.making_controller.result()
 
     def accounting(self) -> None:
         """With Accounting: slurmdbd started (slurmctld, started with it, waits for it in
@@ -404,16 +429,24 @@ class Creating:
         waits.until(joined, every=NODES_POLL_S)
 
     def _make_controller(self, fileserver: str | None = None) -> str:
-        """Create the controller's container (with registered hosts, /home's file server
-        on its host meanwhile) and start it (with Accounting its entry waits for slurmdbd)."""
+        """Create the controller's container and start it."""
+        return self._start_controller(self._create_controller(), fileserver)
+
+    def _create_controller(self) -> str:
+        """The controller's container (its capacity is taken before any node's)."""
         c, host = self.c, self.c.controller_node
-        group = c.spec.controller.InstanceGroupName
-        self.rec.set(group, host, Phase.QUEUED, "waiting for capacity")
+        self.rec.set(c.spec.controller.InstanceGroupName, host, Phase.QUEUED, "waiting for capacity")
         files = {"slurm.conf": (self.conf, 0o644, 0), **controller_files(c)}
         cid = self.launcher.create_many([(c.spec.controller, 1)], files=files)[host]
         if isinstance(cid, LaunchError):
             # no capacity for the controller's type, or its image is missing: fatal, whatever the mode
             raise OperationFailed(f"controller {host} could not be launched: {cid}")
+        return cid
+
+    def _start_controller(self, cid: str, fileserver: str | None = None) -> str:
+        """Start the controller's container (with registered hosts, /home's file server on
+        its host meanwhile; with Accounting its entry waits for slurmdbd)."""
+        c, host = self.c, self.c.controller_node
         fs = None
         if fileserver is not None:  # registered hosts: /home's server on the controller's host, meanwhile
             ex = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hp-fileserver")
@@ -424,7 +457,7 @@ class Creating:
             fs.result()
         if err:
             raise OperationFailed(f"controller {host} could not be started: {err}")
-        self.rec.set(group, host, Phase.LAUNCHING, "container started")
+        self.rec.set(c.spec.controller.InstanceGroupName, host, Phase.LAUNCHING, "container started")
         return cid
 
     def _retry_controller(self, first: LaunchError) -> str:

@@ -1,7 +1,7 @@
 """The cluster services beside the Slurm nodes (Accounting and Rest in the spec):
 
-- accounting.py: the MariaDB, slurmdbd and slurmrestd containers, their order at
-  create (database, then slurmdbd, then slurmctld), readiness, health (HyperPod's
+- accounting.py: the MariaDB, slurmdbd and slurmrestd containers, their start at
+  create (with slurmctld's, at once: each waits for the one it needs), readiness, health (HyperPod's
   SlurmHealthMetadata: Healthy, or Unhealthy with DaemonDown / DbUnreachable) and
   restart, and the cluster's JWT key and database password (0600 in hp's state);
 - jwt.py: HS256 tokens, verified with the cluster's key (pure);

@@ -218,15 +218,16 @@ def wait_ready(
 
 
 class CreateServices:
-    """The services of a cluster being created: `begin` (the database starts; on a thread
-    slurmdbd's container is made and started, then slurmrestd's made, while the
-    controller's and the nodes' are), `accounting_ready` (slurmdbd started),
-    `start_rest` (once slurmctld answers)."""
+    """The services of a cluster being created: `begin` (on threads: the database's
+    container made and started; slurmdbd's made and started, then slurmrestd's made,
+    while the controller's is), `database_started`, `accounting_ready` (slurmdbd
+    started), `start_rest` (once slurmctld answers)."""
 
     def __init__(self, cluster: Cluster, images: dict[str, str]):
         self.c = cluster
         self.images = images
         self.ids: dict[str, str] = {}
+        self._database: Future[None] | None = None
         self._making: Future[None] | None = None
 
     @property
@@ -238,33 +239,38 @@ class CreateServices:
             jwt_key(self.c)  # made here, once, before the controller's and slurmdbd's containers
         if self.accounting:
             db_password(self.c)
-            self.ids["database"] = create(self.c, "database", self.images["database"])
-            self.c.p.start(self.ids["database"])
         later = (["accounting"] if self.accounting else []) + (["rest"] if self.c.spec.rest else [])
+        pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="hp-services")
+        if self.accounting:
+            self._database = pool.submit(self._make, ["database"], slurm_conf)
         if later:
-            pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hp-services")
             self._making = pool.submit(self._make, later, slurm_conf)
-            pool.shutdown(wait=False)
+        pool.shutdown(wait=False)
 
-    def _make(self, later: list[str], slurm_conf: bytes) -> None:
-        """On the thread: slurmdbd made and started (its entry waits for the database to
-        answer), slurmrestd made."""
-        for role in later:
+    def _make(self, roles: list[str], slurm_conf: bytes) -> None:
+        """On a thread: the database made and started, or slurmdbd made and started (its
+        entry waits for the database to answer) and slurmrestd made."""
+        for role in roles:
             self.ids[role] = create(self.c, role, self.images[role], slurm_conf if role == "rest" else None)
-            if role == "accounting":
+            if role in ("database", "accounting"):
                 try:
                     self.c.p.start(self.ids[role])
                 except EngineError as e:
-                    raise OperationFailed(f"slurmdbd's container could not be started: {e}") from None
+                    raise OperationFailed(f"{SERVICE_HOSTS[role]}'s container could not be started: {e}") from None
+
+    def database_started(self) -> None:
+        """The database's container started (with Accounting; its error is the create's)."""
+        if self._database is not None:
+            self._database.result()
 
     def _made(self) -> None:
+        self.database_started()
         if self._making is not None:
             self._making.result()  # its error, if any, is the create's
 
     def settle(self) -> None:
-        """Wait for the containers being made on the thread (their error is not this one's)."""
-        if self._making is not None:
-            wait([self._making])
+        """Wait for the containers being made on the threads (their error is not this one's)."""
+        wait([f for f in (self._database, self._making) if f is not None])
 
     def accounting_ready(self, deadline: float) -> None:
         """slurmdbd said it started (fails fast with the last log lines of the database or
