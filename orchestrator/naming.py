@@ -17,6 +17,7 @@ L_GPU_MODEL = f"{LABEL_PREFIX}.gpu-model"  # hp's model name of a node's GPUs (h
 L_GPU_DEVICES = f"{LABEL_PREFIX}.gpu-devices"  # their /dev/nvidiaN, in the node's order (gres.conf File=)
 L_REQUEST = f"{LABEL_PREFIX}.health-request"  # a check container's health-check request
 L_HOST = f"{LABEL_PREFIX}.host"  # the registered host a container was placed on (multi-host only)
+L_HOME = f"{LABEL_PREFIX}.home"  # on a cluster's network: the hp state folder (HP_HOME) that made it
 L_WATCHES = f"{LABEL_PREFIX}.watches"  # the node container a GPU monitor watches
 
 ROLE_BY_NODE_TYPE = {"Controller": "controller", "Login": "login", "Compute": "worker"}

@@ -41,7 +41,7 @@ from ..core.launcher import Launcher
 from ..docker import images as image_sets  # read at each call: a test may narrow a set
 from ..errors import BadInput, HpError, LaunchError, OperationFailed, WaitTimeout
 from ..health.requests.gpu_check import thresholds_checked
-from ..naming import container_name, database_volume, labels, network_name, shared_volume, state_volume
+from ..naming import L_HOME, container_name, database_volume, labels, network_name, shared_volume, state_volume
 from ..services.accounting import CreateServices, controller_files, forget_secrets
 from ..slurm.conf import render
 from ..slurm.model import SlurmNode
@@ -260,7 +260,9 @@ class Creating:
         container that mounts them) and the auth key."""
         c, p, name, opts = self.c, self.c.p, self.c.name, self.opts
         self.progress.stage("network", "network, volumes and auth key")
-        p.create_network(network_name(name), labels(name, "network"), encrypted=opts.encrypt_network)
+        # the state folder that made it: another one's `hp delete` leaves the cluster to it (delete.py)
+        owner = {L_HOME: str(c.store.home.resolve())}
+        p.create_network(network_name(name), {**labels(name, "network"), **owner}, encrypted=opts.encrypt_network)
         if c.multihost:
             if opts.encrypt_network:
                 self.progress.stage("network", "proving the encrypted overlay carries traffic between hosts")

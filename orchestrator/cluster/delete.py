@@ -4,15 +4,20 @@ again once it is back removes the rest)."""
 
 from __future__ import annotations
 
+import shlex
 import shutil
+from pathlib import Path
 
 from .. import waits
 from ..core.context import Cluster, Env, parallel
 from ..docker.provider import Provider
-from ..errors import EngineError, NotFound, OperationFailed
+from ..docker.views import Network
+from ..errors import BadInput, EngineError, NotFound, OperationFailed
 from ..health.requests.service import stop_for_delete
+from ..naming import L_HOME
 from ..services.endpoints import forget
 from ..slurm.model import DELETING_REASON
+from ..state.store import cluster_folder
 from ..state.transitions import ClusterStatus
 
 NETWORK_BUSY_S = 15.0  # an overlay's endpoints on other hosts go a moment after their containers
@@ -58,6 +63,18 @@ def remove_resources(p: Provider, name: str) -> dict[str, int]:
     return out
 
 
+def other_home(env: Env, name: str, nets: list[Network]) -> str | None:
+    """The hp state folder (HP_HOME) that made cluster `name`, from its network's label,
+    when that is not this one and still holds the cluster's folder; None otherwise (a
+    cluster that no state folder holds any more is anyone's to remove: labels are the
+    truth of what exists)."""
+    for n in nets:
+        home = n.labels.get(L_HOME)
+        if home and Path(home).resolve() != env.store.home.resolve() and cluster_folder(Path(home), name).is_dir():
+            return home
+    return None
+
+
 def delete(env: Env, name: str) -> dict[str, int]:
     """Stop the cluster's agent and health checks, drain its workers, remove everything
     labelled for it, and forget it (its events stay a while: `hp events NAME`)."""
@@ -65,8 +82,15 @@ def delete(env: Env, name: str) -> dict[str, int]:
     p = env.provider
     p.ping()
     existing = p.containers(name)
-    if row is None and not existing and not p.networks(name) and not p.volumes(name):
+    nets = p.networks(name)
+    if row is None and not existing and not nets and not p.volumes(name):
         raise NotFound(f"cluster {name!r} does not exist (see 'hp list')")
+    if row is None and (owner := other_home(env, name, nets)):
+        raise BadInput(
+            f"cluster {name!r} was made from another hp state folder, {owner}, and is still there (its agent "
+            f"would bring back what this removes): delete it from there: HP_HOME={shlex.quote(owner)} hp delete {name}",
+            "not this state folder's cluster",
+        )
     if row is not None:
         env.store.set_status(name, ClusterStatus.DELETING)
         env.agents.stop(name)  # nothing may launch a node while the cluster goes
@@ -95,6 +119,6 @@ def delete(env: Env, name: str) -> dict[str, int]:
         env.store.remove_cluster(name)
 
         forget(env.store, name)  # the agent's loopback ports
-        shutil.rmtree(env.store.home / "clusters" / name, ignore_errors=True)
+        shutil.rmtree(cluster_folder(env.store.home, name), ignore_errors=True)
         env.store.prune()
     return removed

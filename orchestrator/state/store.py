@@ -107,6 +107,12 @@ DELETED_RETENTION_S = 7 * 86400.0
 PAGE_MAX = 10_000
 
 
+def cluster_folder(home: Path, name: str) -> Path:
+    """A cluster's folder in hp's state under `home` (its keys, secrets, agent's files):
+    there from its create until its delete."""
+    return home / "clusters" / name
+
+
 def hp_home() -> Path:
     env = os.environ.get("HP_HOME")
     if env:
@@ -320,7 +326,7 @@ class Store:
             db.execute("DELETE FROM node_hosts WHERE cluster=?", (name,))
 
     def cluster_dir(self, name: str) -> Path:
-        d = self.home / "clusters" / name
+        d = cluster_folder(self.home, name)
         d.mkdir(parents=True, exist_ok=True, mode=0o700)
         return d
 

@@ -10,7 +10,7 @@ import json
 import subprocess
 import time
 
-from conftest import small_spec, write_spec
+from conftest import Hp, small_spec, write_spec
 
 
 def containers(name: str) -> list[str]:
@@ -104,6 +104,22 @@ def test_controller_only_cluster_with_no_wait_becomes_in_service(hp, tmp_path):
     while hp.json("describe", name)["ClusterStatus"] != "InService":
         assert time.monotonic() < deadline, "stayed Creating"
         time.sleep(0.5)
+
+
+def test_delete_from_another_state_folder_leaves_the_cluster_to_its_maker(hp, tmp_path):
+    # two HP_HOMEs on one engine (two users of a lab machine): the second's `hp delete` of the
+    # first's cluster is refused, naming the folder and the command; nothing is removed
+    name = hp.name("ho")
+    doc = small_spec(name, [], login=False)
+    doc["InstanceGroups"] = doc["InstanceGroups"][:1]
+    hp("create", "-f", str(write_spec(tmp_path / "s.json", doc)), check=True)
+    other = Hp(tmp_path / "other-home")
+    r = other("delete", name)
+    assert r.returncode == 2, r.stderr
+    assert f"made from another hp state folder, {hp.home.resolve()}" in r.stderr and "HP_HOME=" in r.stderr
+    d = hp.json("describe", name)
+    assert d["ClusterStatus"] == "InService" and d["ControllerReachable"] is True
+    assert "deleted cluster" in hp("delete", name, check=True).stderr
 
 
 def test_a_cluster_that_does_not_exist_is_bad_input_everywhere(hp, tmp_path):

@@ -6,11 +6,12 @@ Milliseconds each; the same behaviours run against real Docker and Slurm in test
 from __future__ import annotations
 
 import ast
+import shutil
 import time
 from pathlib import Path
 
 import pytest
-from fakes import FakeProvider, spec_doc, world
+from fakes import FakeAgents, FakeProvider, spec_doc, world
 
 import orchestrator.cluster.create as create_mod
 import orchestrator.cluster.reconciler as reconciler
@@ -22,10 +23,11 @@ from orchestrator.cluster.query import list_clusters, nodes
 from orchestrator.cluster.reconciler import BACKOFF, GroupReconciler
 from orchestrator.cluster.scaling import delete_nodes, scale
 from orchestrator.core import capacity
-from orchestrator.core.context import Cluster
+from orchestrator.core.context import Cluster, Env
 from orchestrator.core.launcher import Launcher
 from orchestrator.errors import BadInput, EngineError, NotFound, OperationFailed
 from orchestrator.spec.model import validate
+from orchestrator.state.store import Store
 
 
 def make(w, name="lab", groups=None, wait=True, **top):
@@ -510,6 +512,22 @@ def test_nodes_list_and_delete(tmp_path):
     with pytest.raises(NotFound):
         delete(w.env, "lab")
     assert any("deleted" in e.description for e in w.env.store.events("lab"))
+
+
+def test_delete_from_another_state_folder_is_refused_while_the_maker_holds_the_cluster(tmp_path):
+    # two HP_HOMEs on one engine: the one that did not make the cluster must not remove
+    # it from under its maker (whose agent would bring nodes back); an orphan it may
+    w = world(tmp_path)
+    make(w)
+    other = Env(
+        provider=w.provider, store=Store(tmp_path / "other"), slurm_factory=w.env.slurm_factory, agents=FakeAgents()
+    )
+    before = len(w.provider.containers("lab"))
+    with pytest.raises(BadInput, match=rf"made from another hp state folder, {w.home}.*HP_HOME={w.home} hp delete lab"):
+        delete(other, "lab")
+    assert len(w.provider.containers("lab")) == before and w.env.store.cluster("lab") is not None
+    shutil.rmtree(w.home / "clusters" / "lab")  # the maker's state lost: what is left is anyone's to remove
+    assert delete(other, "lab")["containers"] == before
 
 
 def test_controller_down_is_shown_honestly(tmp_path):
