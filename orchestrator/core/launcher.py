@@ -250,10 +250,12 @@ class Launcher:
         try:
             put = {"slurm.key": (c.key(), 0o600, SLURM_UID if group.node_type == "Controller" else 0)}
             put.update(files or {})
-            c.p.put_files(cid, "/etc/slurm", put)
+            # one copy into the container (each is a mount of its file system by the engine)
+            put = {f"etc/slurm/{name}": f for name, f in put.items()}
             if group.LifeCycleConfig is not None:
-                c.p.put_files(cid, "/", lifecycle.files(c.spec, group, index, c.controller_node))
+                put.update(lifecycle.files(c.spec, group, index, c.controller_node))
                 self._oncreate[cid] = (group, spec.hostname)
+            c.p.put_files(cid, "/", put)
         except EngineError as e:
             c.p.remove_container(cid)
             return classify(e, spec.name)

@@ -140,6 +140,13 @@ def wait_result(
     deadline = clock() + lc.timeout + SLACK_S
 
     def look() -> tuple[int, list[str], LaunchError | None] | None:
+        if (found := read()) is not None:
+            return found
+        if _wait_line(p, cid, deadline - clock()):  # the entry wrote the result before this line
+            return read()
+        return None  # a line that only looked like the entry's (the script's own output), or no stream
+
+    def read() -> tuple[int, list[str], LaunchError | None] | None:
         try:
             rc = p.get_dir(cid, RESULT).get("rc", b"")
             if rc.endswith(b"\n"):  # written whole
@@ -155,8 +162,7 @@ def wait_result(
         if clock() > deadline:
             err = f"no result within {lc.timeout + SLACK_S:g} s (script {lc.OnCreate})"
             return -1, [], LaunchError("LifecycleScriptFailed", err, retryable=True)
-        _wait_line(p, cid, deadline - clock())
-        return None  # a line that only looked like the entry's (the script's own output), or no stream
+        return None
 
     result = waits.until(look, lambda r: r is not None, every=PAUSE_S, clock=clock, sleep=sleep)
     assert result is not None

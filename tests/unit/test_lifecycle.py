@@ -324,3 +324,26 @@ def test_a_node_that_stops_without_a_result_or_never_answers_fails(tmp_path, mon
 
     rc, _, err = lifecycle.wait_result(w.provider, cid, lc, clock=lambda: now[0], sleep=tick)
     assert rc == -1 and str(err) == "LifecycleScriptFailed: no result within 615 s (script on_create.sh)"
+
+
+def test_the_result_is_read_the_moment_the_entrys_line_comes_without_a_pause(tmp_path):
+    # the entry writes DIR/rc, then says so: hp reads it at once (no PAUSE_S sleep between)
+    w = world(tmp_path)
+    s = lc_spec(w, tmp_path)
+    c = Cluster(w.env, "lab", s)
+    c.make_key()
+    w.env.store.add_cluster("lab", s.model_dump(exclude_none=True), ClusterStatus.CREATING, "a test")
+    launcher = Launcher(c, w.env.images.refs())
+    cid = launcher.create_many([(s.group("cpu"), 1)])["cpu-1"]
+    w.provider.start(cid)
+    ct = w.provider.containers_[cid]
+
+    def follow(cid, since=None):  # the script ends while hp follows the log
+        ct.files["/opt/hp/oncreate/rc"] = b"0\n"
+        ct.logs += "hp-entry: lifecycle script on_create.sh exited 0\n"
+        return FakeLines(["hp-entry: lifecycle script on_create.sh (at most 600 s)", ct.logs.splitlines()[-1]])
+
+    w.provider.follow_logs = follow
+    pauses = []
+    rc, _, err = lifecycle.wait_result(w.provider, cid, s.group("cpu").LifeCycleConfig, sleep=pauses.append)
+    assert (rc, err, pauses) == (0, None, [])
