@@ -354,8 +354,9 @@ def main() -> None:
     if a.overhead_runs:
         with benchdocs.section("create-overhead", a.write_docs):
             overhead(a.overhead_runs)
-    if TARGETS:
-        with benchdocs.section("create-targets", a.write_docs):
+    if TARGETS:  # the section holds a whole run's targets: a run of one part only prints its own
+        whole = a.sizes != "none" and a.acct_runs and a.overhead_runs
+        with benchdocs.section("create-targets", a.write_docs and bool(whole)):
             print_targets()
 
 
