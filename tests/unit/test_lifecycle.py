@@ -234,6 +234,17 @@ def lc_spec(w, tmp_path, **top):
     return validate(doc, w.env.catalogue)
 
 
+def made_node(tmp_path):
+    """A world, the lifecycle spec, its launcher and node cpu-1's container, made (not started)."""
+    w = world(tmp_path)
+    s = lc_spec(w, tmp_path)
+    c = Cluster(w.env, "lab", s)
+    c.make_key()
+    w.env.store.add_cluster("lab", s.model_dump(exclude_none=True), ClusterStatus.CREATING, "a test")
+    launcher = Launcher(c, w.env.images.refs())
+    return w, s, launcher, launcher.create_many([(s.group("cpu"), 1)])["cpu-1"]
+
+
 def events(w, name):
     return [e.description for e in w.env.store.events(name)]
 
@@ -293,13 +304,7 @@ def test_a_create_that_fails_while_scripts_run_rolls_back_without_waiting_for_th
 
 def test_a_node_that_stops_without_a_result_or_never_answers_fails(tmp_path, monkeypatch):
     monkeypatch.setattr(lifecycle, "PAUSE_S", 0.0)
-    w = world(tmp_path)
-    s = lc_spec(w, tmp_path)
-    c = Cluster(w.env, "lab", s)
-    c.make_key()
-    w.env.store.add_cluster("lab", s.model_dump(exclude_none=True), ClusterStatus.CREATING, "a test")
-    launcher = Launcher(c, w.env.images.refs())
-    cid = launcher.create_many([(s.group("cpu"), 1)])["cpu-1"]
+    w, s, launcher, cid = made_node(tmp_path)
     w.provider.containers_[cid].logs = "hp-entry: lifecycle script on_create.sh\nKilled\n"
     w.provider.on_start.insert(0, lambda ct: setattr(ct, "state", "exited"))
     err = launcher.start(cid)
@@ -328,13 +333,7 @@ def test_a_node_that_stops_without_a_result_or_never_answers_fails(tmp_path, mon
 
 def test_the_result_is_read_the_moment_the_entrys_line_comes_without_a_pause(tmp_path):
     # the entry writes DIR/rc, then says so: hp reads it at once (no PAUSE_S sleep between)
-    w = world(tmp_path)
-    s = lc_spec(w, tmp_path)
-    c = Cluster(w.env, "lab", s)
-    c.make_key()
-    w.env.store.add_cluster("lab", s.model_dump(exclude_none=True), ClusterStatus.CREATING, "a test")
-    launcher = Launcher(c, w.env.images.refs())
-    cid = launcher.create_many([(s.group("cpu"), 1)])["cpu-1"]
+    w, s, launcher, cid = made_node(tmp_path)
     w.provider.start(cid)
     ct = w.provider.containers_[cid]
 
