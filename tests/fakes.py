@@ -232,11 +232,12 @@ class FakeProvider:
         c = self._get(container)
         if err := self.fail_start(c):
             raise err
-        c.state, c.exit_code = "running", 0
-        c.started_at = str(time.monotonic())
-        self.calls.append(("start", c.spec.name))
-        for hook in self.on_start:
-            hook(c)
+        with self.lock:  # its state and what its hooks write are seen together by other threads
+            c.state, c.exit_code = "running", 0
+            c.started_at = str(time.monotonic())
+            self.calls.append(("start", c.spec.name))
+            for hook in self.on_start:
+                hook(c)
 
     def restart(self, container: str, timeout: int = 2) -> None:
         self.start(container)
@@ -508,9 +509,10 @@ def service_started(p: FakeProvider) -> Callable[[FakeContainer], None]:
         )
 
     def catch_up(c: FakeContainer) -> None:
-        if c in waiting and c.state == "running" and db_ready(c.spec.labels.get(L_CLUSTER)):
-            waiting.remove(c)
-            c.logs += READY_LINES["accounting"] + "\n"
+        with p.lock:
+            if c in waiting and c.state == "running" and db_ready(c.spec.labels.get(L_CLUSTER)):
+                waiting.remove(c)
+                c.logs += READY_LINES["accounting"] + "\n"
 
     waiting: list[FakeContainer] = []
     p.on_logs.append(catch_up)

@@ -48,7 +48,7 @@ from ..slurm.model import SlurmNode
 from ..spec.model import ClusterSpec
 from ..state.phases import Phase
 from ..state.transitions import ClusterStatus
-from .delete import remove_resources
+from .delete import other_home, remove_resources
 from .reconciler import GroupReconciler, Launch, Recorder, not_joined
 
 log = logging.getLogger("hp")
@@ -86,6 +86,8 @@ def check_name_free(env: Env, name: str) -> None:
             "name in use",
         )
     if row is None and existing:
+        if owner := other_home(env, name, env.provider.networks(name)):
+            raise BadInput(f"cluster {name!r} exists: it was made from another hp state folder, {owner}", "name in use")
         raise BadInput(
             f"Docker already holds resources labelled for cluster {name!r} "
             f"(left over from an earlier run?); remove them with 'hp delete {name}'",
@@ -246,8 +248,9 @@ class Creating:
         ]
 
     def settle(self) -> None:
-        """Before a rollback: the services' containers being made on a thread are waited
-        for (their error is not the one being handled); nodes still being started early
+        """Before a rollback: the services' containers being made on threads and the
+        controller's start are waited for (their errors are not the one being handled);
+        nodes still being started early
         record nothing more (the rollback removes their containers, which ends their
         starts: a lifecycle script is not waited for)."""
         self.services.settle()
@@ -275,20 +278,21 @@ class Creating:
         c.make_key()
 
     def controller(self) -> None:
-        """The daemons the nodes need, made and started at once: with Accounting the
-        database and slurmdbd on threads, and the controller (its container made here,
-        its capacity taken before any node's; started on a thread). Each entry waits for
+        """The daemons the nodes need, made and started at once: the controller (its
+        container made here, first: its capacity before any node's, its host the services'
+        with registered hosts; started on a thread), with Accounting the database and
+        slurmdbd on threads. Each entry waits for
         the daemon it needs (slurmdbd for MariaDB, slurmctld for slurmdbd). Returns once the
         first of them started (the database, or without Accounting the controller): node
         containers started sooner would slow those starts (Docker starts a few containers
         at a time), later would leave Docker idle while MariaDB and slurmctld boot."""
         spec = self.c.spec
         self.conf = render(spec, self.c.env.catalogue).encode()
+        self.progress.stage("controller", self.c.controller_node)
+        cid = self._create_controller()  # first: with registered hosts the services go on its host
         if spec.accounting:
             self.progress.stage("accounting", "database and slurmdbd, with the controller")
         self.services.begin(self.conf)
-        self.progress.stage("controller", self.c.controller_node)
-        cid = self._create_controller()
         ex = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hp-controller")
         self.making_controller = ex.submit(self._start_controller, cid, self.images.get("fileserver"))
         ex.shutdown(wait=False)
@@ -302,8 +306,8 @@ class Creating:
         controller starts and boots; they start at once, on a thread (their lifecycle
         scripts run meanwhile, and their daemons start when slurmctld listens:
         images/node/hp-entry). GPU nodes wait for gres.conf, which needs slurmctld: with
-        any, the nodes are made once the controller's container is (their lines go into
-        its gres.conf as they are made)."""
+        any, the nodes are made once the controller's container started (their lines go
+        into its gres.conf as they are made)."""
         if has_gpus(self.c.spec, self.c.env.catalogue):
             self.controller_started()
         made = self.nodes.create()
@@ -430,9 +434,9 @@ class Creating:
 
         waits.until(joined, every=NODES_POLL_S)
 
-    def _make_controller(self, fileserver: str | None = None) -> str:
-        """Create the controller's container and start it."""
-        return self._start_controller(self._create_controller(), fileserver)
+    def _make_controller(self) -> str:
+        """Create the controller's container and start it (a retry)."""
+        return self._start_controller(self._create_controller())
 
     def _create_controller(self) -> str:
         """The controller's container (its capacity is taken before any node's)."""

@@ -6,6 +6,7 @@ Milliseconds each; the same behaviours run against real Docker and Slurm in test
 from __future__ import annotations
 
 import ast
+import re
 import shutil
 import time
 from pathlib import Path
@@ -523,7 +524,8 @@ def test_delete_from_another_state_folder_is_refused_while_the_maker_holds_the_c
         provider=w.provider, store=Store(tmp_path / "other"), slurm_factory=w.env.slurm_factory, agents=FakeAgents()
     )
     before = len(w.provider.containers("lab"))
-    with pytest.raises(BadInput, match=rf"made from another hp state folder, {w.home}.*HP_HOME={w.home} hp delete lab"):
+    home = re.escape(str(w.home.resolve()))
+    with pytest.raises(BadInput, match=rf"made from another hp state folder, {home}.*HP_HOME={home} hp delete lab"):
         delete(other, "lab")
     assert len(w.provider.containers("lab")) == before and w.env.store.cluster("lab") is not None
     shutil.rmtree(w.home / "clusters" / "lab")  # the maker's state lost: what is left is anyone's to remove

@@ -82,7 +82,7 @@ def test_create_starts_the_database_slurmdbd_and_slurmctld_at_once_then_the_node
     c = make(w, Rest={"Enabled": True})
     order = calls(w, "create", "start")
     nodes = {f"hp-lab-{n}" for n in ("login-1", "cpu-1")}
-    assert order[0] in {("create", f"hp-lab-{n}") for n in ("mariadb", "slurmdbd", "controller-1")}
+    assert order[0] == ("create", "hp-lab-controller-1")  # its capacity before any node's (and its host)
     db_started = order.index(("start", "hp-lab-mariadb"))
     assert all(order.index(("create", n)) > db_started for n in nodes)
     starts = [n for _, n in calls(w, "start")]
@@ -127,6 +127,17 @@ def test_a_database_that_exits_at_start_fails_the_create_and_rolls_back(tmp_path
         make(w)
     assert w.provider.containers("lab") == [] and w.provider.volumes("lab") == []
     assert not (w.home / "clusters" / "lab" / "db.password").exists()
+
+
+def test_a_database_that_cannot_start_fails_the_create_and_rolls_back_after_the_other_starts(tmp_path):
+    w = world(tmp_path)
+    w.provider.fail_start = lambda c: EngineError("port conflict", 500) if "mariadb" in c.spec.name else None
+    with pytest.raises(OperationFailed, match="mariadb's container could not be started: port conflict"):
+        make(w)
+    # the controller's and slurmdbd's starts, on their threads, ended before the rollback removed all
+    assert ("start", "hp-lab-controller-1") in calls(w, "start")
+    assert w.provider.containers("lab") == [] and w.provider.volumes("lab") == []
+    assert w.env.store.cluster("lab").status == "Failed"
 
 
 def test_a_database_that_never_answers_is_named_when_slurmdbd_waits_for_it(tmp_path):
