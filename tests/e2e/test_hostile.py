@@ -117,6 +117,8 @@ def test_delete_from_another_state_folder_leaves_the_cluster_to_its_maker(hp, tm
     r = other("delete", name)
     assert r.returncode == 2, r.stderr
     assert f"made from another hp state folder, {hp.home.resolve()}" in r.stderr and "HP_HOME=" in r.stderr
+    r = other("create", "--name", name)  # nor may it take the name
+    assert r.returncode == 2 and f"it was made from another hp state folder, {hp.home.resolve()}" in r.stderr
     d = hp.json("describe", name)
     assert d["ClusterStatus"] == "InService" and d["ControllerReachable"] is True
     assert "deleted cluster" in hp("delete", name, check=True).stderr

@@ -528,6 +528,11 @@ def test_delete_from_another_state_folder_is_refused_while_the_maker_holds_the_c
     with pytest.raises(BadInput, match=rf"made from another hp state folder, {home}.*HP_HOME={home} hp delete lab"):
         delete(other, "lab")
     assert len(w.provider.containers("lab")) == before and w.env.store.cluster("lab") is not None
+    spec = validate(spec_doc("lab"), other.catalogue)
+    with pytest.raises(
+        BadInput, match=rf"name in use: cluster 'lab' exists: it was made from another hp state folder, {home}$"
+    ):
+        create(other, spec, CreateOptions(timeout=5))
     shutil.rmtree(w.home / "clusters" / "lab")  # the maker's state lost: what is left is anyone's to remove
     assert delete(other, "lab")["containers"] == before
 
