@@ -35,6 +35,9 @@ from pathlib import Path
 import benchdocs
 from common import ROOT, DockerProvider, bench_env, first_job_floor, floor, hp, spec_doc, start_floor, write_json
 
+from orchestrator.naming import container_name
+from orchestrator.services.accounting import READY
+
 
 def hp_create(n: int, home: str) -> float:
     env = bench_env(home)
@@ -83,8 +86,8 @@ def first_srun(home: str) -> tuple[float, list[tuple[float, str, str]]]:
 
 # what each daemon says when it first answers (its container's log, Docker's timestamps)
 FIRST_ANSWER = {
-    "database": (r"ready for connections", "MariaDB ready for connections"),
-    "accounting": (r"slurmdbd version \S+ started", "slurmdbd started"),
+    "database": (READY["database"].pattern, "MariaDB ready for connections"),
+    "accounting": (READY["accounting"].pattern, "slurmdbd started"),
     "controller": (r"Running as primary controller", "slurmctld serving"),
     "login": (r"sackd: running", "sackd running"),
     "worker": (r"slurmd started on", "slurmd started"),
@@ -300,7 +303,7 @@ def overhead(runs: int) -> None:
                     argv = (
                         [*hpc, "exec", "benchover", "--", "true"]
                         if k == "hp"
-                        else ["docker", "exec", "-u", "hpuser", "hp-benchover-login-1", "true"]
+                        else ["docker", "exec", "-u", "hpuser", container_name("benchover", "login-1"), "true"]
                     )
                     pair[k].append(_timed(argv, env))
             ver = statistics.median(_timed([*hpc, "version"], env) for _ in range(runs))

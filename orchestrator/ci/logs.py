@@ -19,6 +19,7 @@ from ..services.accounting import secret_files
 from ..slurm.conf import render
 from ..state.health_requests import Records
 from ..state.phases import Phase
+from ..state.store import cluster_folder
 
 Log = Callable[[str], None]
 RECENT_S = 3600.0  # a node removed (on purpose) within the last hour still gets a folder
@@ -72,7 +73,7 @@ def export_logs(env: Env, name: str, directory: Path, log: Log = lambda s: None)
     if row is None and not containers:
         raise NotFound(f"cluster {name!r} does not exist (see 'hp list')")
     cluster = Cluster(env, name)
-    key_path = env.store.home / "clusters" / name / "slurm.key"
+    key_path = cluster_folder(env.store.home, name) / "slurm.key"
     secret = key_path.read_bytes() if key_path.is_file() else None
 
     w = LogWriter(directory, secret, secret_files(env.store.home, name))

@@ -94,14 +94,14 @@ def create(
 def dry_run_check(e: Any, spec: Any, catalogue: Mapping) -> None:
     """With an engine that answers, the host's capacity too (CPU types: no state is read,
     unless hosts are registered: then their capacity and the spec's Placement)."""
-    from ..cluster.create import capacity_problems
+    from ..cluster.create import capacity_problems, has_gpus
     from ..core import capacity
     from ..core.across_hosts import placement_problems
     from ..docker.engine import DockerEngine
     from ..errors import EngineUnavailable
     from ..state.store import hosts_registered
 
-    gpu = any(catalogue[g.InstanceType].gpus for g in spec.InstanceGroups)
+    gpu = has_gpus(spec, catalogue)
     if e is None and hosts_registered():
         e = env()  # the registered hosts' capacity
     if e is not None and e.multihost:

@@ -78,7 +78,8 @@ class CreateOptions:
 
 def check_name_free(env: Env, name: str) -> None:
     row = env.store.cluster(name)
-    existing = env.provider.containers(name) or env.provider.networks(name) or env.provider.volumes(name)
+    nets = env.provider.networks(name)
+    existing = nets or env.provider.containers(name) or env.provider.volumes(name)
     if row is not None and not (row.status == ClusterStatus.FAILED and not existing):
         raise BadInput(
             f"a cluster named {name!r} already exists ({row.status}); "
@@ -86,7 +87,7 @@ def check_name_free(env: Env, name: str) -> None:
             "name in use",
         )
     if row is None and existing:
-        if owner := other_home(env, name, env.provider.networks(name)):
+        if owner := other_home(env, name, nets):
             raise BadInput(f"cluster {name!r} exists: it was made from another hp state folder, {owner}", "name in use")
         raise BadInput(
             f"Docker already holds resources labelled for cluster {name!r} "
@@ -98,7 +99,7 @@ def check_name_free(env: Env, name: str) -> None:
 
 
 def has_gpus(spec: ClusterSpec, catalogue: Mapping) -> bool:
-    return any(catalogue[g.InstanceType].gpus for g in spec.InstanceGroups if g.InstanceType in catalogue)
+    return capacity.wants_gpus(catalogue, (g.InstanceType for g in spec.InstanceGroups))
 
 
 def image_defs(spec: ClusterSpec, catalogue: Mapping | None = None, multihost: bool = False) -> tuple:
@@ -250,9 +251,8 @@ class Creating:
     def settle(self) -> None:
         """Before a rollback: the services' containers being made on threads and the
         controller's start are waited for (their errors are not the one being handled);
-        nodes still being started early
-        record nothing more (the rollback removes their containers, which ends their
-        starts: a lifecycle script is not waited for)."""
+        nodes still being started early record nothing more (the rollback removes their
+        containers, which ends their starts: a lifecycle script is not waited for)."""
         self.services.settle()
         if self.making_controller is not None:
             wait([self.making_controller])
@@ -281,11 +281,11 @@ class Creating:
         """The daemons the nodes need, made and started at once: the controller (its
         container made here, first: its capacity before any node's, its host the services'
         with registered hosts; started on a thread), with Accounting the database and
-        slurmdbd on threads. Each entry waits for
-        the daemon it needs (slurmdbd for MariaDB, slurmctld for slurmdbd). Returns once the
-        first of them started (the database, or without Accounting the controller): node
-        containers started sooner would slow those starts (Docker starts a few containers
-        at a time), later would leave Docker idle while MariaDB and slurmctld boot."""
+        slurmdbd on threads. Each entry waits for the daemon it needs (slurmdbd for
+        MariaDB, slurmctld for slurmdbd). Returns once the first of them started (the
+        database, or without Accounting the controller): node containers started sooner
+        would slow those starts (Docker starts a few containers at a time), later would
+        leave Docker idle while MariaDB and slurmctld boot (bench/common.py first_job_floor)."""
         spec = self.c.spec
         self.conf = render(spec, self.c.env.catalogue).encode()
         self.progress.stage("controller", self.c.controller_node)
@@ -311,8 +311,9 @@ class Creating:
         if has_gpus(self.c.spec, self.c.env.catalogue):
             self.controller_started()
         made = self.nodes.create()
-        early = [n for n, cid in made.items() if cid not in self.launcher.gpu_cids]
-        self.later = [n for n in made if n not in early]
+        gpus = self.launcher.gpu_cids
+        early = [n for n, cid in made.items() if cid not in gpus]
+        self.later = [n for n, cid in made.items() if cid in gpus]
         if early:
             ex = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hp-early-start")
             self.early = ex.submit(self.nodes.start, early)
@@ -387,7 +388,7 @@ class Creating:
     def _converge(self, recs: list[GroupReconciler]) -> None:
         """Drive these groups' passive sync until each node this create launched runs. A
         node that fails ends an all-or-nothing create; in continuous mode it is left to
-        the agent. One Slurm query a pass; a group's sync (its containers listed, its
+        the agent. One Slurm query a pass while a compute node waits; a group's sync (its containers listed, its
         nodes' records read, for a login node an exec of `scontrol ping` there) runs every
         SYNC_EVERY passes (a container that exited, a register timeout), and besides: a
         compute group's when Slurm shows one of its waiting nodes responding, a login
@@ -395,16 +396,15 @@ class Creating:
         its node)."""
         c, strict = self.c, not self.c.spec.continuous
         mine = {n for n, r in self.nodes.rec_of.items() if r in recs}
-        compute = any(self.types[r.group] == "Compute" for r in recs)
         target = {g.InstanceGroupName: g.InstanceCount for g in c.spec.compute}
         passes = itertools.count()
 
         def joined() -> bool:
-            snodes = _slurm_nodes(c) if compute else {}
             latest = c.store.latest_phases(c.name)
             waiting = {n for n in mine if latest.get(n, ("",))[0] != Phase.RUNNING.value}
             every = next(passes) % SYNC_EVERY == 0
             workers_done = all(self.types[self.nodes.rec_of[n].group] != "Compute" for n in waiting)
+            snodes = {} if workers_done else _slurm_nodes(c)  # login nodes' joins are seen from them
             for r in recs:  # only the groups still waiting
                 theirs = [n for n in waiting if self.nodes.rec_of[n] is r]
                 if self.types[r.group] == "Login":

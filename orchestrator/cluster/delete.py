@@ -82,7 +82,7 @@ def delete(env: Env, name: str) -> dict[str, int]:
     p = env.provider
     p.ping()
     existing = p.containers(name)
-    nets = p.networks(name)
+    nets = p.networks(name) if row is None else []  # (remove_resources lists them itself)
     if row is None and not existing and not nets and not p.volumes(name):
         raise NotFound(f"cluster {name!r} does not exist (see 'hp list')")
     if row is None and (owner := other_home(env, name, nets)):

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import waits
-from ..state.store import Store, hp_home
+from ..state.store import Store, cluster_folder, hp_home
 from ..state.transitions import ClusterStatus
 
 DEAD_STATUSES = (ClusterStatus.DELETING, ClusterStatus.FAILED, ClusterStatus.ROLLING_BACK)
@@ -26,7 +26,7 @@ KILLED_WAIT_S = 1.0  # for a SIGKILLed agent to be gone (its lock released)
 
 
 def paths(home: Path, name: str) -> tuple[Path, Path, Path]:
-    d = home / "clusters" / name
+    d = cluster_folder(home, name)
     d.mkdir(parents=True, exist_ok=True, mode=0o700)
     return d / "agent.lock", d / "agent.pid", d / "agent.log"
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -169,6 +169,11 @@ def fit(itype: InstanceType, pool: Pool, used: Usage) -> tuple[list[str] | None,
         if chosen is None:
             missing.append(why)
     return chosen, missing
+
+
+def wants_gpus(catalogue: Mapping, types: Iterable[str]) -> bool:
+    """Whether any of these instance types has GPUs (a type not in the catalogue has none)."""
+    return any(catalogue[t].gpus for t in types if t in catalogue)
 
 
 def pools(provider: Provider, store: Store, gpus: bool = True) -> tuple[dict[str, Pool], dict[str, str]]:

@@ -162,7 +162,7 @@ class Launcher:
         out: dict[str, str | LaunchError] = {}
         todo: list[tuple[InstanceGroup, int, list[str] | None, str]] = []
         with capacity.host_lock(c.store.home):
-            gpus = any(c.env.catalogue[g.InstanceType].gpus for g, _ in wanted)
+            gpus = capacity.wants_gpus(c.env.catalogue, (g.InstanceType for g, _ in wanted))
             pools, unavailable = capacity.pools(c.p, c.store, gpus)
             containers = c.p.containers()
             load = placement.loads(pools, containers, c.env.catalogue, c.name)

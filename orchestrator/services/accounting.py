@@ -44,6 +44,7 @@ from ..docker.views import Container, ContainerSpec
 from ..errors import EngineError, OperationFailed
 from ..naming import L_CLUSTER, L_HOST, SERVICE_HOSTS, database_volume, labels, network_name, service_container
 from ..slurm.conf import render, slurmdbd_conf, template
+from ..state.store import cluster_folder
 
 log = logging.getLogger("hp")
 
@@ -90,7 +91,7 @@ def db_password(cluster: Cluster) -> str:
 
 def secret_files(home: Path, name: str) -> list[bytes]:
     """The cluster's secrets other than the auth key, as they are (for redaction)."""
-    d = home / "clusters" / name
+    d = cluster_folder(home, name)
     return [p.read_bytes() for p in (d / "jwt.key", d / "db.password") if p.is_file()]
 
 
@@ -235,8 +236,6 @@ class CreateServices:
         return self.c.spec.accounting
 
     def begin(self, slurm_conf: bytes) -> None:
-        if self.c.spec.rest:
-            jwt_key(self.c)  # made here, once, before the controller's and slurmdbd's containers
         if self.accounting:
             db_password(self.c)
         later = (["accounting"] if self.accounting else []) + (["rest"] if self.c.spec.rest else [])
