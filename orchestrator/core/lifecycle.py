@@ -12,18 +12,20 @@ Before a node's container first starts, the launcher copies into it (put_archive
   (HP_CLUSTER, HP_GROUP, HP_NODE, HP_NODE_TYPE, HP_CONTROLLER) and /etc/hp/nodes (one
   line per node: group, node type, node name).
 The entry writes the script's output to the container's log, its exit code to DIR/rc
-(one write, ending in a newline) and then a line that says so. The launcher waits for
-that line (wait_result), reads DIR/rc and the log's last lines, and turns a failure
-into a LaunchError.
+(one write, ending in a newline) and then a line that says so, with the script's run time
+as the node measured it. The launcher waits for that line (wait_result), reads DIR/rc and
+the log's last lines, and turns a failure into a LaunchError.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import threading
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from .. import waits
 from ..docker.provider import Provider
@@ -38,7 +40,8 @@ CONFIG = "opt/ml/config/resource_config.json"
 FileMap = dict[str, tuple[bytes, int, int]]
 TAIL_LINES = 5  # of the script's output, in its event and in a failure's message
 LOG_LINES = 200  # of the node's log read for them (the daemon may have begun to log after)
-DONE = "hp-entry: lifecycle script "  # the entry's lines around it; the last: "... exited RC"
+DONE = "hp-entry: lifecycle script "  # the entry's lines around it; the last: "... exited RC after S s"
+TOOK = re.compile(r" exited -?\d+ after (\d+\.\d+) s$")
 SLACK_S = 15.0  # beyond OnCreateTimeout: the entry's own kill (5 s) and the copy back
 TIMED_OUT = (124, 137)  # timeout(1): the limit passed (137: killed after the grace)
 
@@ -108,24 +111,33 @@ def files(spec: ClusterSpec, group: InstanceGroup, index: int, controller: str) 
     return out
 
 
-def outcome(lc: LifeCycleSpec, rc_text: bytes, log_tail: str) -> tuple[int, list[str], LaunchError | None]:
-    """(exit code, last lines of the script's output, the LaunchError when it failed)
-    from DIR/rc and the end of the node's log."""
+class Outcome(NamedTuple):
+    rc: int  # the script's exit code (-1: none was read)
+    tail: list[str]  # the last lines of its output
+    error: LaunchError | None  # when it failed
+    seconds: float | None = None  # its run time as the node's entry measured it (None: unknown)
+
+
+def outcome(lc: LifeCycleSpec, rc_text: bytes, log_tail: str) -> Outcome:
+    """The script's outcome from DIR/rc and the end of the node's log."""
     try:
         rc = int(rc_text.strip() or b"-1")
     except ValueError:
         rc = -1
     lines = log_tail.splitlines()
     ends = [i for i, ln in enumerate(lines) if ln.startswith(DONE) and " exited " in ln]
+    took = TOOK.search(lines[ends[-1]]) if ends else None
+    seconds = float(took.group(1)) if took else None
     lines = lines[: ends[-1]] if ends else lines  # the script's output, not the daemon's after it
     starts = [i for i, ln in enumerate(lines) if ln.startswith(DONE)]
     lines = lines[starts[-1] + 1 :] if starts else lines
     tail = [ln for ln in lines if ln.strip()][-TAIL_LINES:]
     if rc == 0:
-        return rc, tail, None
+        return Outcome(rc, tail, None, seconds)
     last = tail[-1][:200] if tail else "(no output)"
     how = f"timed out after {lc.timeout} s" if rc in TIMED_OUT else f"exit {rc}"
-    return rc, tail, LaunchError("LifecycleScriptFailed", f"{how}: {last} (script {lc.OnCreate})", retryable=True)
+    err = LaunchError("LifecycleScriptFailed", f"{how}: {last} (script {lc.OnCreate})", retryable=True)
+    return Outcome(rc, tail, err, seconds)
 
 
 PAUSE_S = 0.2  # between two looks when the node's log cannot be followed
@@ -133,35 +145,37 @@ PAUSE_S = 0.2  # between two looks when the node's log cannot be followed
 
 def wait_result(
     p: Provider, cid: str, lc: LifeCycleSpec, clock: waits.Clock = time.monotonic, sleep: waits.Sleep | None = None
-) -> tuple[int, list[str], LaunchError | None]:
+) -> Outcome:
     """Wait for the node's entry to finish the script (bounded by OnCreateTimeout plus
     SLACK_S): its outcome. Woken by the entry's line in the node's log (no polling);
     the result itself is read from the node. A node that stops without a result failed."""
     deadline = clock() + lc.timeout + SLACK_S
 
-    def look() -> tuple[int, list[str], LaunchError | None] | None:
+    def look() -> Outcome | None:
         if (found := read()) is not None:
             return found
         if _wait_line(p, cid, deadline - clock()):  # the entry wrote the result before this line
             return read()
         return None  # a line that only looked like the entry's (the script's own output), or no stream
 
-    def read() -> tuple[int, list[str], LaunchError | None] | None:
+    def read() -> Outcome | None:
         try:
             rc = p.get_dir(cid, RESULT).get("rc", b"")
             if rc.endswith(b"\n"):  # written whole
                 return outcome(lc, rc, p.logs(cid, tail=LOG_LINES))
             running = p.inspect(cid).state.running
         except EngineError as e:
-            return -1, [], LaunchError("LifecycleScriptFailed", f"its result cannot be read: {e}", retryable=True)
+            return Outcome(
+                -1, [], LaunchError("LifecycleScriptFailed", f"its result cannot be read: {e}", retryable=True)
+            )
         if not running:  # the entry died before writing a result (e.g. the container was killed)
             tail = p.logs(cid, tail=TAIL_LINES).strip().splitlines()
             last = tail[-1][:200] if tail else "(no output)"
             err = f"the node stopped before its script {lc.OnCreate} finished: {last}"
-            return -1, tail, LaunchError("LifecycleScriptFailed", err, retryable=True)
+            return Outcome(-1, tail, LaunchError("LifecycleScriptFailed", err, retryable=True))
         if clock() > deadline:
             err = f"no result within {lc.timeout + SLACK_S:g} s (script {lc.OnCreate})"
-            return -1, [], LaunchError("LifecycleScriptFailed", err, retryable=True)
+            return Outcome(-1, [], LaunchError("LifecycleScriptFailed", err, retryable=True))
         return None
 
     result = waits.until(look, lambda r: r is not None, every=PAUSE_S, clock=clock, sleep=sleep)

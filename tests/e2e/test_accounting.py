@@ -100,6 +100,30 @@ def test_sacct_shows_state_and_exit_code_within_2_s_of_the_end(lab: tuple[Hp, st
     ]
 
 
+def test_slurmdbds_schema_came_with_the_image_and_its_build_user_did_not(lab: tuple[Hp, str]) -> None:
+    """The database image carries slurmdbd's own tables (made at build: the Dockerfile's
+    dbschema stage), so a new cluster's slurmdbd only checks them; the build's throwaway
+    database user is not in it, and the cluster's tables were made by its registration."""
+    h, name = lab
+    eng = DockerEngine()
+    db = f"hp-{name}-mariadb"
+    image = eng.api.inspect_container(db)["Image"]
+    c = eng.api.create_container(image, entrypoint=["ls", "/var/lib/mysql/slurm_acct_db"])
+    try:
+        eng.api.start(c["Id"])
+        assert eng.api.wait(c["Id"], timeout=60)["StatusCode"] == 0
+        in_image = eng.api.logs(c["Id"]).decode().split()
+    finally:
+        eng.api.remove_container(c["Id"], force=True)
+    assert {"tres_table.frm", "qos_table.frm", "cluster_table.frm", "user_table.frm"} <= set(in_image), in_image
+    assert not any(f.startswith(name.lower()) for f in in_image), in_image  # no cluster's tables at build
+    sql = "select concat(user,'@',host) from mysql.user; show tables from slurm_acct_db"
+    res = eng.api.exec_create(db, ["mariadb", "--skip-ssl", "-N", "-e", sql])
+    rows = eng.api.exec_start(res["Id"]).decode().split()
+    assert "slurm@%" in rows and "slurm@127.0.0.1" not in rows, rows
+    assert f"{name.lower()}_job_table" in rows, rows  # made when slurmctld registered the cluster
+
+
 def test_rest_with_a_token_and_401_for_bad_ones(lab: tuple[Hp, str]) -> None:
     h, name = lab
     url = h("api", name, check=True).stdout.strip()

@@ -187,15 +187,21 @@ def test_outcome_of_a_script(tmp_path):
     d = lc_dir(tmp_path)
     lc = validate(doc_with({"SourceS3Uri": str(d), "OnCreate": "on_create.sh", "OnCreateTimeout": 9}), CAT)
     lc = lc.group("cpu").LifeCycleConfig
-    log = "hp-entry: lifecycle script on_create.sh (at most 9 s)\na\nb\nhp-entry: lifecycle script on_create.sh exited 0\n"
-    assert lifecycle.outcome(lc, b"0\n", log + "slurmd: started\n") == (0, ["a", "b"], None)
+    log = "hp-entry: lifecycle script on_create.sh (at most 9 s)\na\nb\n"
+    done = "hp-entry: lifecycle script on_create.sh exited 0 after 2.07 s\n"
+    assert lifecycle.outcome(lc, b"0\n", log + done + "slurmd: started\n") == (0, ["a", "b"], None, 2.07)
+    # an entry of before the run time was said: no figure
+    old = "hp-entry: lifecycle script on_create.sh exited 0\n"
+    assert lifecycle.outcome(lc, b"0\n", log + old) == (0, ["a", "b"], None, None)
     log = "earlier\nhp-entry: lifecycle script on_create.sh (at most 9 s)\n1\n2\n3\n4\n5\n\nno such package\n"
-    rc, tail, err = lifecycle.outcome(lc, b"3\n", log + "hp-entry: lifecycle script on_create.sh exited 3\n")
-    assert rc == 3 and tail == ["2", "3", "4", "5", "no such package"]
+    rc, tail, err, took = lifecycle.outcome(
+        lc, b"3\n", log + "hp-entry: lifecycle script on_create.sh exited 3 after 0.40 s\n"
+    )
+    assert rc == 3 and tail == ["2", "3", "4", "5", "no such package"] and took == 0.4
     assert str(err) == "LifecycleScriptFailed: exit 3: no such package (script on_create.sh)" and err.retryable
-    _, _, err = lifecycle.outcome(lc, b"124\n", "waiting\n")
+    err = lifecycle.outcome(lc, b"124\n", "waiting\n").error
     assert str(err) == "LifecycleScriptFailed: timed out after 9 s: waiting (script on_create.sh)"
-    _, _, err = lifecycle.outcome(lc, b"junk\n", "")
+    err = lifecycle.outcome(lc, b"junk\n", "").error
     assert str(err) == "LifecycleScriptFailed: exit -1: (no output) (script on_create.sh)"
 
 
@@ -220,7 +226,7 @@ def entry(w, rc_of: dict[str, int], polls_before: int = 0):
 
         w.provider.get_dir = get_dir
         c.logs += f"hp-entry: lifecycle script on_create.sh (at most 600 s)\nsetting up {c.spec.hostname}\n"
-        c.logs += f"step {rc} done\nhp-entry: lifecycle script on_create.sh exited {rc}\n"
+        c.logs += f"step {rc} done\nhp-entry: lifecycle script on_create.sh exited {rc} after 1.25 s\n"
         c.files[lifecycle.RESULT] = f"{rc}\n".encode()
         if rc:
             c.state, c.exit_code = "exited", rc
@@ -260,7 +266,8 @@ def test_create_runs_the_script_on_every_node_but_the_controller_and_records_it(
         assert lifecycle.RESULT in f and "/etc/hp/node.env" in f
     assert "/opt/hp/oncreate/script" not in w.provider.node("lab", "controller-1").files
     ev = events(w, "lab")
-    ok = [e for e in ev if e.startswith("Lifecycle script on_create.sh on cpu-2 exited 0 after")]
+    # the run time is the node's own figure (the entry's line), not hp's wait
+    ok = [e for e in ev if e.startswith("Lifecycle script on_create.sh on cpu-2 exited 0 after 1.25 s;")]
     assert ok and ok[0].endswith("last lines: setting up cpu-2 | step 0 done")
 
 
@@ -327,7 +334,7 @@ def test_a_node_that_stops_without_a_result_or_never_answers_fails(tmp_path, mon
     def tick(_):
         now[0] += 100
 
-    rc, _, err = lifecycle.wait_result(w.provider, cid, lc, clock=lambda: now[0], sleep=tick)
+    rc, _, err, _ = lifecycle.wait_result(w.provider, cid, lc, clock=lambda: now[0], sleep=tick)
     assert rc == -1 and str(err) == "LifecycleScriptFailed: no result within 615 s (script on_create.sh)"
 
 
@@ -344,5 +351,5 @@ def test_the_result_is_read_the_moment_the_entrys_line_comes_without_a_pause(tmp
 
     w.provider.follow_logs = follow
     pauses = []
-    rc, _, err = lifecycle.wait_result(w.provider, cid, s.group("cpu").LifeCycleConfig, sleep=pauses.append)
+    rc, _, err, _ = lifecycle.wait_result(w.provider, cid, s.group("cpu").LifeCycleConfig, sleep=pauses.append)
     assert (rc, err, pauses) == (0, None, [])
