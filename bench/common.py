@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,6 +32,15 @@ from orchestrator.spec.catalogue import load_catalogue  # noqa: E402
 from orchestrator.spec.model import DEFAULT_SPEC, validate  # noqa: E402
 
 BENCH_TYPES = "bench.tiny: {VCpus: 1, CpuLimit: 0.02, MemoryMiB: 128}\n"
+
+
+def timestamp(iso: str) -> float:
+    """An RFC 3339 timestamp (Docker's, with nanoseconds; hp's) as seconds since the epoch."""
+    day, _, frac = iso.rstrip("Z").partition(".")
+    frac, plus, zone = frac.partition("+")
+    if plus:
+        raise ValueError(f"not a UTC timestamp: {iso}")
+    return datetime.fromisoformat(day).replace(tzinfo=UTC).timestamp() + float(f"0.{frac or 0}")
 
 
 def bench_env(home: str) -> dict[str, str]:
@@ -95,18 +105,20 @@ def floor(n: int, itype: str = "bench.tiny") -> float:
         with bench_network(p, net) as ids:
 
             def controller() -> str:
-                cid = p.create_container(
+                return started(
+                    p,
+                    ids,
                     ContainerSpec(
                         name=f"{net}-ctl", image=imgs["controller"], hostname="controller-1", labels=lab, network=net
-                    )
+                    ),
+                    "/etc/slurm",
+                    {"slurm.conf": (conf, 0o644, 0), "slurm.key": (key, 0o600, SLURM_UID)},
                 )
-                ids.append(cid)
-                p.put_files(cid, "/etc/slurm", {"slurm.conf": (conf, 0o644, 0), "slurm.key": (key, 0o600, 64030)})
-                p.start(cid)
-                return cid
 
             def worker(i: int) -> str:
-                cid = p.create_container(
+                return started(
+                    p,
+                    ids,
                     ContainerSpec(
                         name=f"{net}-w{i}",
                         image=imgs["worker"],
@@ -116,12 +128,10 @@ def floor(n: int, itype: str = "bench.tiny") -> float:
                         environment={"HP_CONTROLLER": "controller-1", "HP_SLURMD_CONF": slurmd_conf(t, "w")},
                         cpu_limit=t.cpu_limit,
                         memory_bytes=t.memory_mib * 2**20,
-                    )
+                    ),
+                    "/etc/slurm",
+                    {"slurm.key": (key, 0o600, 0)},
                 )
-                ids.append(cid)
-                p.put_files(cid, "/etc/slurm", {"slurm.key": (key, 0o600, 0)})
-                p.start(cid)
-                return cid
 
             with ThreadPoolExecutor(32) as ex:
                 ctl = ex.submit(controller)
@@ -164,13 +174,8 @@ def first_job_floor() -> float:
         with bench_network(p, net) as ids:
 
             def make(role: str, host: str, image: str, files: dict, **kw: object) -> str:
-                cid = p.create_container(
-                    ContainerSpec(name=f"{net}-{host}", image=image, hostname=host, labels=lab, network=net, **kw)
-                )
-                ids.append(cid)
-                p.put_files(cid, "/etc/mysql" if role == "database" else "/etc/slurm", files)
-                p.start(cid)
-                return cid
+                spec = ContainerSpec(name=f"{net}-{host}", image=image, hostname=host, labels=lab, network=net, **kw)
+                return started(p, ids, spec, "/etc/mysql" if role == "database" else "/etc/slurm", files)
 
             def service(role: str) -> str:
                 cpus, mib = LIMITS[role]
@@ -267,12 +272,22 @@ def start_floor(n: int) -> float:
                 network=net,
                 command=["sleep", "1d"],
             )
-            ids.append(p.create_container(spec))
-            p.start(ids[-1])
+            started(p, ids, spec)
 
         with ThreadPoolExecutor(32) as ex:
             list(ex.map(one, range(n)))
         return time.monotonic() - t0
+
+
+def started(p: DockerProvider, ids: list[str], spec: ContainerSpec, at: str = "/", files: dict | None = None) -> str:
+    """A floor's container: created (noted in `ids`, for bench_network to remove), its
+    files put under `at`, started."""
+    cid = p.create_container(spec)
+    ids.append(cid)
+    if files:
+        p.put_files(cid, at, files)
+    p.start(cid)
+    return cid
 
 
 @contextmanager

@@ -29,11 +29,21 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 import benchdocs
-from common import ROOT, DockerProvider, bench_env, first_job_floor, floor, hp, spec_doc, start_floor, write_json
+from common import (
+    ROOT,
+    DockerProvider,
+    bench_env,
+    first_job_floor,
+    floor,
+    hp,
+    spec_doc,
+    start_floor,
+    timestamp,
+    write_json,
+)
 
 from orchestrator.core.lifecycle import DONE, TOOK
 from orchestrator.naming import container_name
@@ -95,12 +105,6 @@ FIRST_ANSWER = {
 }
 
 
-def _ts(iso: str) -> float:
-    """Docker's RFC 3339 timestamp (nanoseconds) as seconds since the epoch."""
-    day, _, frac = iso.rstrip("Z").partition(".")
-    return datetime.fromisoformat(day).replace(tzinfo=UTC).timestamp() + float(f"0.{frac or 0}")
-
-
 def critical_path(
     name: str, wall0: float, stages: list[tuple[float, str]], returned: float, first_job: float
 ) -> list[tuple[float, str, str]]:
@@ -113,13 +117,13 @@ def critical_path(
     for c in p.containers(name):
         d = p.api.inspect_container(c.id)
         who = c.node or c.role
-        ev.append((_ts(d["Created"]) - wall0, f"{who}: container created", "hp's create call"))
-        ev.append((_ts(d["State"]["StartedAt"]) - wall0, f"{who}: container started", "its start call"))
+        ev.append((timestamp(d["Created"]) - wall0, f"{who}: container created", "hp's create call"))
+        ev.append((timestamp(d["State"]["StartedAt"]) - wall0, f"{who}: container started", "its start call"))
         if c.role in FIRST_ANSWER:
             pattern, what = FIRST_ANSWER[c.role]
             for line in p.api.logs(c.id, timestamps=True).decode(errors="replace").splitlines():
                 if re.search(pattern, line):
-                    ev.append((_ts(line.split()[0]) - wall0, f"{who}: {what}", "the daemon's boot"))
+                    ev.append((timestamp(line.split()[0]) - wall0, f"{who}: {what}", "the daemon's boot"))
                     break
     ev.append((returned, "hp create returned (InService)", "nodes idle in Slurm, polled"))
     ev.append((first_job, "first srun -N4 succeeded", "hp exec, srun"))

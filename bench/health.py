@@ -27,7 +27,7 @@ from pathlib import Path
 
 import benchdocs
 import docker
-from common import bench_env, hp, spec_doc, write_json
+from common import bench_env, hp, spec_doc, timestamp, write_json
 
 from orchestrator.docker.engine import DockerEngine as DockerProvider
 from orchestrator.docker.images import CHECK_IMAGES, Images
@@ -110,26 +110,20 @@ def timed_check(env: dict[str, str], name: str, n: int) -> tuple[float, dict]:
     return took, doc
 
 
-def _t(s: str) -> float:
-    from datetime import datetime
-
-    return datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp()
-
-
 def stress_spans(doc: dict) -> float:
     """Seconds from the first check's start to the last one's end (hp's own records)."""
     cs = [c for g in doc["InstanceGroups"] for n in g["Nodes"] for c in n["Checks"]]
-    return max(_t(c["EndTime"]) for c in cs) - min(_t(c["StartTime"]) for c in cs)
+    return max(timestamp(c["EndTime"]) for c in cs) - min(timestamp(c["StartTime"]) for c in cs)
 
 
 def phases(doc: dict) -> str:
     """Where a request's time went: before the first check (worker start, drain, wait
     idle, check containers), the checks, after them (remove containers, resume)."""
     cs = [c for g in doc["InstanceGroups"] for n in g["Nodes"] for c in n["Checks"]]
-    first, last = min(_t(c["StartTime"]) for c in cs), max(_t(c["EndTime"]) for c in cs)
+    first, last = min(timestamp(c["StartTime"]) for c in cs), max(timestamp(c["EndTime"]) for c in cs)
     return (
-        f"before checks {first - _t(doc['CreationTime']):.1f} s, checks {last - first:.1f} s, "
-        f"after {_t(doc['EndTime']) - last:.1f} s"
+        f"before checks {first - timestamp(doc['CreationTime']):.1f} s, checks {last - first:.1f} s, "
+        f"after {timestamp(doc['EndTime']) - last:.1f} s"
     )
 
 
@@ -189,7 +183,7 @@ def gpu_section(idle_seconds: float = 60.0) -> bool:
                             for k, v in sorted(f.items())
                             if k.startswith("gpu.seconds.")
                         )
-                        span = _t(c["EndTime"]) - _t(c["StartTime"])
+                        span = timestamp(c["EndTime"]) - timestamp(c["StartTime"])
                         print(
                             f"  {node['Node']}: {span:.1f} s in all; GPU check parts: {parts}; "
                             f"gemm {f.get('gpu.gpu0.gemm', 0):.0f} TFLOP/s, hbm {f.get('gpu.gpu0.hbm', 0):.0f} GB/s"
