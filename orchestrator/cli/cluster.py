@@ -82,8 +82,8 @@ def create(
     e = e or env()
     progress = CliProgress(out)
     opts = CreateOptions(wait=wait, timeout=timeout, retain=retain, encrypt_network=encrypt_network)
-    do_create(e, spec, opts, progress)
-    doc = describe(e, spec.ClusterName, services=json_out)
+    made = do_create(e, spec, opts, progress)
+    doc = describe(e, spec.ClusterName, services=json_out, slurm_nodes=made.slurm_nodes)
     if json_out:
         out.json(doc)
     else:

@@ -68,6 +68,16 @@ class NoProgress:
         pass
 
 
+@dataclass(frozen=True)
+class Created:
+    """What create made, and Slurm's nodes as its wait last saw them when every compute
+    node had joined in that look (None otherwise): what the caller shows next needs no
+    second query (cluster/query.py observe)."""
+
+    cluster: Cluster
+    slurm_nodes: dict[str, SlurmNode] | None = None
+
+
 @dataclass
 class CreateOptions:
     wait: bool = True
@@ -145,7 +155,7 @@ def capacity_problems(
     return problems
 
 
-def create(env: Env, spec: ClusterSpec, opts: CreateOptions, progress: Progress = NoProgress()) -> Cluster:
+def create(env: Env, spec: ClusterSpec, opts: CreateOptions, progress: Progress = NoProgress()) -> Created:
     name = spec.ClusterName
     env.provider.ping()
     check_name_free(env, name)
@@ -178,18 +188,23 @@ def create(env: Env, spec: ClusterSpec, opts: CreateOptions, progress: Progress 
         raise BadInput(f"a cluster named {name!r} already exists", "name in use")
     cluster = Cluster(env, name, spec)
     with env.agents.creation_lock(name):  # no agent may act on the cluster while it is being made
-        _create_and_record(cluster, images, opts, progress)
+        seen = _create_and_record(cluster, images, opts, progress)
     env.agents.ensure(name)  # provisioning retries and node recovery go on in the background
-    return cluster
+    return Created(cluster, seen)
 
 
-def _create_and_record(cluster: Cluster, images: dict[str, str], opts: CreateOptions, progress: Progress) -> None:
+def _create_and_record(
+    cluster: Cluster, images: dict[str, str], opts: CreateOptions, progress: Progress
+) -> dict[str, SlurmNode] | None:
+    """The actions in order (one rollback path); Slurm's nodes as the wait last saw them
+    when that look found every compute node joined."""
     name = cluster.name
     making = Creating(cluster, images, opts, progress)  # makes nothing yet
     try:
         for action, run in making.actions():
             log.debug("create %s: %s", name, action)
             run()
+        return making.joined_in
     except BaseException as e:  # every failure (^C too) ends in the one rollback path, then goes on up
         making.settle()  # nothing may still be making or starting a container while everything is removed
         msg = str(e) if isinstance(e, HpError) else f"{type(e).__name__}: {e}"
@@ -235,6 +250,9 @@ class Creating:
         self.later: list[str] = []  # nodes started once slurmctld answers
         self.early: Future[None] | None = None  # nodes started while it boots
         self.making_controller: Future[str] | None = None
+        self.joined_in: dict[str, SlurmNode] | None = (
+            None  # Slurm's nodes in the look that found every compute node joined
+        )
 
     def actions(self) -> list[tuple[str, Callable[[], None]]]:
         return [
@@ -392,29 +410,38 @@ class Creating:
         nodes' records read, for a login node an exec of `scontrol ping` there) runs every
         SYNC_EVERY passes (a container that exited, a register timeout), and besides: a
         compute group's when Slurm shows one of its waiting nodes responding, a login
-        group's at every pass once no compute node is waiting (its join is seen only from
-        its node)."""
+        group's at every pass once no compute node is waiting, from the pass in which the
+        last one joined (its join is seen only from its node)."""
         c, strict = self.c, not self.c.spec.continuous
         mine = {n for n, r in self.nodes.rec_of.items() if r in recs}
         target = {g.InstanceGroupName: g.InstanceCount for g in c.spec.compute}
         passes = itertools.count()
 
-        def joined() -> bool:
+        def waiting() -> set[str]:
             latest = c.store.latest_phases(c.name)
-            waiting = {n for n in mine if latest.get(n, ("",))[0] != Phase.RUNNING.value}
+            return {n for n in mine if latest.get(n, ("",))[0] != Phase.RUNNING.value}
+
+        def computes_done(nodes: set[str]) -> bool:
+            return all(self.types[self.nodes.rec_of[n].group] != "Compute" for n in nodes)
+
+        def joined() -> bool:
             every = next(passes) % SYNC_EVERY == 0
-            workers_done = all(self.types[self.nodes.rec_of[n].group] != "Compute" for n in waiting)
-            snodes = {} if workers_done else _slurm_nodes(c)  # login nodes' joins are seen from them
-            for r in recs:  # only the groups still waiting
-                theirs = [n for n in waiting if self.nodes.rec_of[n] is r]
-                if self.types[r.group] == "Login":
-                    news = workers_done
-                else:
-                    news = any(n in snodes and not snodes[n].not_responding for n in theirs)
-                if theirs and (every or news):
+            left = waiting()
+            snodes = {} if computes_done(left) else _slurm_nodes(c)  # login nodes' joins are seen from them
+            for r in (r for r in recs if self.types[r.group] != "Login"):  # only the groups still waiting
+                theirs = [n for n in left if self.nodes.rec_of[n] is r]
+                if theirs and (every or any(n in snodes and not snodes[n].not_responding for n in theirs)):
                     r.sync(snodes)
+            if any(self.types[r.group] == "Login" for r in recs):
+                left = waiting()  # the compute nodes that joined in this pass: the login groups' turn in it too
+                workers_done = computes_done(left)
+                for r in (r for r in recs if self.types[r.group] == "Login"):
+                    if any(self.nodes.rec_of[n] is r for n in left) and (every or workers_done):
+                        r.sync(snodes)
             latest = c.store.latest_phases(c.name)
             running = {n for n in self.nodes.rec_of if latest.get(n, ("",))[0] == Phase.RUNNING.value}
+            if snodes and all(n in running for n, r in self.nodes.rec_of.items() if self.types[r.group] == "Compute"):
+                self.joined_in = snodes  # the phases just recorded were read from it
             counts = {g: (sum(1 for n in running if self.nodes.rec_of[n].group == g), t, 0) for g, t in target.items()}
             self.progress.groups(counts)
             failed = set(self.failures()) & mine

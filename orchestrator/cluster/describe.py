@@ -8,6 +8,7 @@ from typing import Any
 from ..core.context import Cluster, Env
 from ..services.accounting import health
 from ..services.endpoints import url
+from ..slurm.model import SlurmNode
 from ..state.status import group_views
 from ..state.store import iso
 from .query import observe, unreachable_view
@@ -21,13 +22,16 @@ def active_ops(env: Env, name: str) -> dict[str, list[str]]:
     return out
 
 
-def describe(env: Env, name: str, services: bool = True) -> dict[str, Any]:
+def describe(
+    env: Env, name: str, services: bool = True, slurm_nodes: dict[str, SlurmNode] | None = None
+) -> dict[str, Any]:
     """DescribeCluster's shape; without `services`, the status and groups alone (what `hp
-    create` prints: no slurmdbd health check on its way out)."""
+    create` prints: no slurmdbd health check on its way out). `slurm_nodes`: as observe's
+    (create's last look at Slurm)."""
     cluster = env.cluster(name)
     row = env.store.cluster(name)
     assert row is not None
-    nodes, up = observe(cluster)
+    nodes, up = observe(cluster, slurm_nodes)
     spec = cluster.spec
     return {
         "ClusterName": name,

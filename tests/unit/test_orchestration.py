@@ -70,6 +70,22 @@ def test_create_makes_every_node_in_order_and_records_phases(tmp_path):
     assert [g["Status"] for g in doc["InstanceGroups"]] == ["InService"] * 3
 
 
+def test_create_hands_on_slurms_nodes_from_the_look_that_saw_every_node_join(tmp_path):
+    """What `hp create` prints after it needs no second Slurm query: create returns the
+    nodes of its last look (every compute node joined in it), and describe shows them."""
+    w = world(tmp_path)
+    made = make(w)
+    assert made.cluster.name == "lab" and sorted(made.slurm_nodes) == ["cpu-1", "cpu-2"]
+    w.slurm.up = False  # a query now would fail: the view comes from create's look
+    doc = describe(w.env, "lab", services=False, slurm_nodes=made.slurm_nodes)
+    assert doc["ControllerReachable"] and [g["Status"] for g in doc["InstanceGroups"]] == ["InService"] * 3
+    # without it describe asks Slurm, and says when it cannot
+    assert not describe(w.env, "lab", services=False)["ControllerReachable"]
+    # continuous mode: create waits for the login node only, so it hands on no look
+    w.slurm.up = True
+    assert make(w, "cont", NodeProvisioningMode="Continuous").slurm_nodes is None
+
+
 def test_all_or_nothing_create_that_cannot_be_provisioned_rolls_back(tmp_path):
     w = world(tmp_path)
     capacity.set_limit(w.env.store, "cpu.nano", 2)  # login + 1 worker fit, not 2
