@@ -294,7 +294,8 @@ def started(p: DockerProvider, ids: list[str], spec: ContainerSpec, at: str = "/
 @contextmanager
 def bench_network(p: DockerProvider, net: str) -> Iterator[list[str]]:
     """A bridge network of the bench's own (made on entry), and the list of the containers
-    made on it: all removed on the way out."""
+    made on it: all removed on the way out (the network left, with a warning, when Docker
+    still counts endpoints on it)."""
     ids: list[str] = []
     try:
         p.api.create_network(net, driver="bridge", labels={"io.hp.bench": net})

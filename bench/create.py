@@ -13,8 +13,8 @@ starting that many containers, and the same cluster and first job with plain doc
 accounting, alternated: what accounting adds (target <= 0.3 s), and the time to the first
 `sacct` row. (c) `--overhead-runs`: `hp exec NAME -- true` against `docker exec`, `hp
 version`, `hp nodes` on an idle cluster. (d) `--lifecycle N`: N workers with and without a
-10-line OnCreate script on every node (alternated), at the default type's CPU share and at
-bench.tiny's (`--lifecycle-cpu`): what the script adds beyond its own run time (target:
+10-line OnCreate script on every node (alternated), of the default type and of bench.tiny
+(`--lifecycle-types`): what the script adds beyond its own run time (target:
 under 0.3 s, the nodes' scripts running in parallel). Images must be built
 (`make images`). With --write-docs, each part's figures replace its section of
 docs/benchmarks.md (create, create-accounting, create-overhead, create-lifecycle,
@@ -46,9 +46,10 @@ from common import (
     write_json,
 )
 
-from orchestrator.core.lifecycle import DONE, TOOK
+from orchestrator.core.lifecycle import took
 from orchestrator.naming import container_name
 from orchestrator.services.accounting import READY
+from orchestrator.spec.catalogue import load_catalogue
 
 
 def hp_create(n: int, home: str) -> float:
@@ -198,15 +199,15 @@ echo "$t0 $EPOCHREALTIME" > /var/tmp/oncreate-time
 """
 
 
-# the nodes' CPU shares of the lifecycle run: the default type's (cpu.small: what a
-# user's nodes get unless the spec says otherwise) and bench.tiny's (every fork of the
-# script and of the node's entry runs at that share: ~50 ms of wall time per ms of CPU)
-LIFECYCLE_SHARES = {0.25: "cpu.small's, the default type", 0.02: "bench.tiny's"}
+# the node types of the lifecycle run: the default type (cpu.small: what a user's nodes
+# get unless the spec says otherwise) and bench.tiny (2% of a CPU: every fork of the
+# script and of the node's entry takes ~50 ms of wall time per ms of CPU)
+LIFECYCLE_TYPES = ("cpu.small", "bench.tiny")
 
 
-def lifecycle_cost(n: int, runs: int, cpu_limit: float) -> None:
-    """N workers with and without the OnCreate script, alternated; medians; the nodes at
-    `cpu_limit` of a CPU."""
+def lifecycle_cost(n: int, runs: int, itype: str) -> None:
+    """N workers (and the login node) of type `itype` with and without the OnCreate script,
+    alternated; medians."""
     times: dict[bool, list[float]] = {False: [], True: []}
     script: list[float] = []  # the slowest node's script, as the script measured itself (from its first line)
     node_said: list[float] = []  # ... as the node's entry measured it (bash's start included)
@@ -214,10 +215,7 @@ def lifecycle_cost(n: int, runs: int, cpu_limit: float) -> None:
         for with_lc in (False, True) if i % 2 == 0 else (True, False):
             with tempfile.TemporaryDirectory() as home:
                 env = bench_env(home)
-                Path(env["HP_INSTANCE_TYPES"]).write_text(
-                    f"bench.tiny: {{VCpus: 1, CpuLimit: {cpu_limit}, MemoryMiB: 128}}\n"
-                )
-                doc = spec_doc("benchlc", n, login=True)
+                doc = spec_doc("benchlc", n, itype, login=True)
                 if with_lc:
                     d = Path(home) / "lifecycle"
                     d.mkdir()
@@ -242,8 +240,8 @@ def lifecycle_cost(n: int, runs: int, cpu_limit: float) -> None:
     off, on = statistics.median(times[False]), statistics.median(times[True])
     own, said = statistics.median(script), statistics.median(node_said)
     cost = on - off - own  # the strict figure: the start of the script's interpreter counts as hp's
-    share = f", CpuLimit {cpu_limit:g}" + (f" ({LIFECYCLE_SHARES[cpu_limit]})" if cpu_limit in LIFECYCLE_SHARES else "")
-    print(f"{n} workers + login{share}, {runs} run(s) each, medians:")
+    share = load_catalogue(Path(bench_env(tempfile.gettempdir())["HP_INSTANCE_TYPES"]))[itype].cpu_limit
+    print(f"{n} workers + login of {itype} (CpuLimit {share:g}), {runs} run(s) each, medians:")
     print(f"  hp create without a lifecycle script {off:.2f} s, with a 10-line OnCreate on every node {on:.2f} s")
     print(
         f"  the script's own run time (slowest node), as it measured itself from its first line {own:.3f} s; "
@@ -254,19 +252,16 @@ def lifecycle_cost(n: int, runs: int, cpu_limit: float) -> None:
         f"  (each run, without: {', '.join(f'{x:.2f}' for x in times[False])}; with: "
         f"{', '.join(f'{x:.2f}' for x in times[True])})"
     )
-    verdict = target(
-        f"lifecycle script at CpuLimit {cpu_limit:g}: hp's cost beyond the script's own time", cost, 0.3, " s"
-    )
+    verdict = target(f"lifecycle script on {itype}: hp's cost beyond the script's own time", cost, 0.3, " s")
     print(f"  lifecycle overhead: {verdict} (target < 0.3 s)")
 
 
 def entry_took(container: str) -> float:
     """The script's run time as the node's entry said it in its log ("... exited 0 after S s")."""
-    log = DockerProvider().api.logs(container).decode(errors="replace")
-    found = [float(m.group(1)) for ln in log.splitlines() if ln.startswith(DONE) and (m := TOOK.search(ln))]
-    if not found:
+    said = took(DockerProvider().api.logs(container).decode(errors="replace"))
+    if said is None:
         raise SystemExit(f"{container}: no run time in the entry's line")
-    return found[-1]
+    return said
 
 
 # the targets (issues 21 and 23), each (figure, value, limit, met), printed together at the end
@@ -373,16 +368,16 @@ def main() -> None:
     ap.add_argument("--lifecycle", type=int, default=0, help="workers of the OnCreate-script run (0: skip)")
     ap.add_argument("--lifecycle-runs", type=int, default=3)
     ap.add_argument(
-        "--lifecycle-cpu",
-        default=",".join(f"{x:g}" for x in LIFECYCLE_SHARES),
-        help="the nodes' CpuLimit in that run, comma-separated for several (default: %(default)s)",
+        "--lifecycle-types",
+        default=",".join(LIFECYCLE_TYPES),
+        help="the nodes' instance types in that run, comma-separated (default: %(default)s)",
     )
     benchdocs.add_option(ap)
     a = ap.parse_args()
     if a.lifecycle:
         with benchdocs.section("create-lifecycle", a.write_docs):
-            for share in (float(x) for x in a.lifecycle_cpu.split(",")):
-                lifecycle_cost(a.lifecycle, a.lifecycle_runs, share)
+            for itype in a.lifecycle_types.split(","):
+                lifecycle_cost(a.lifecycle, a.lifecycle_runs, itype)
     if a.sizes != "none":
         with benchdocs.section("create", a.write_docs):
             sizes_vs_floor([int(x) for x in a.sizes.split(",")], a.repeat)

@@ -136,9 +136,22 @@ class Agent:
 
         return OnStartQueue(lambda nodes: check_new_nodes(cluster, nodes), ClusterBusy, on_error, self.stop).start()
 
+    def _image_refs(self) -> dict[str, str] | None:
+        """The node images' tags, once the engine answers: it may be restarting as the
+        agent starts (hp starts it as a create ends). None when stopped first."""
+        while not self.stop.is_set():
+            try:
+                return self.env.images.refs(self.env.node_image_defs())
+            except TRANSIENT as e:
+                log.warning("the node images cannot be read yet: %s", e)
+                self._sleep(1)
+        return None
+
     def run(self) -> int:
         env = self.env
-        images = env.images.refs(env.node_image_defs())
+        images = self._image_refs()
+        if images is None:
+            return 0
         cluster = Cluster(env, self.name)
         threading.Thread(target=self._events, daemon=True, name="events").start()
         threading.Thread(target=self._recovery, daemon=True, name="recovery").start()

@@ -70,9 +70,9 @@ class NoProgress:
 
 @dataclass(frozen=True)
 class Created:
-    """What create made, and Slurm's nodes as its wait last saw them when every compute
-    node had joined in that look (None otherwise): what the caller shows next needs no
-    second query (cluster/query.py observe)."""
+    """What create made, and Slurm's nodes from the look that ended its wait (None when
+    that pass asked Slurm nothing: only login nodes were left, or it did not wait): what
+    the caller shows next needs no second query (cluster/query.py observe)."""
 
     cluster: Cluster
     slurm_nodes: dict[str, SlurmNode] | None = None
@@ -196,8 +196,8 @@ def create(env: Env, spec: ClusterSpec, opts: CreateOptions, progress: Progress 
 def _create_and_record(
     cluster: Cluster, images: dict[str, str], opts: CreateOptions, progress: Progress
 ) -> dict[str, SlurmNode] | None:
-    """The actions in order (one rollback path); Slurm's nodes as the wait last saw them
-    when that look found every compute node joined."""
+    """The actions in order (one rollback path); Slurm's nodes from the look that ended
+    the wait (Created)."""
     name = cluster.name
     making = Creating(cluster, images, opts, progress)  # makes nothing yet
     try:
@@ -250,9 +250,7 @@ class Creating:
         self.later: list[str] = []  # nodes started once slurmctld answers
         self.early: Future[None] | None = None  # nodes started while it boots
         self.making_controller: Future[str] | None = None
-        self.joined_in: dict[str, SlurmNode] | None = (
-            None  # Slurm's nodes in the look that found every compute node joined
-        )
+        self.joined_in: dict[str, SlurmNode] | None = None  # Slurm's nodes in the look that ended the wait
 
     def actions(self) -> list[tuple[str, Callable[[], None]]]:
         return [
@@ -440,8 +438,6 @@ class Creating:
                         r.sync(snodes)
             latest = c.store.latest_phases(c.name)
             running = {n for n in self.nodes.rec_of if latest.get(n, ("",))[0] == Phase.RUNNING.value}
-            if snodes and all(n in running for n, r in self.nodes.rec_of.items() if self.types[r.group] == "Compute"):
-                self.joined_in = snodes  # the phases just recorded were read from it
             counts = {g: (sum(1 for n in running if self.nodes.rec_of[n].group == g), t, 0) for g, t in target.items()}
             self.progress.groups(counts)
             failed = set(self.failures()) & mine
@@ -449,6 +445,7 @@ class Creating:
                 raise OperationFailed(self.shortage())
             pending = mine - running - failed
             if not pending:
+                self.joined_in = snodes or None  # every phase recorded came from this look or an earlier one
                 return True
             if time.monotonic() > self.deadline:
                 if any(self.types[self.nodes.rec_of[n].group] == "Compute" for n in pending):

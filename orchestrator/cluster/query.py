@@ -41,14 +41,15 @@ def observe(cluster: Cluster, slurm_nodes: dict[str, SlurmNode] | None = None) -
     """The cluster's nodes now. Read in the order writers write (a phase is recorded
     after the Slurm change it describes): the history first (placements, then phases),
     then Docker, then Slurm, so a recorded phase is never newer than the Slurm state
-    shown beside it. `slurm_nodes`: Slurm's nodes as a caller just saw them, no older
-    than the phases recorded from them (create's last look), instead of a new query."""
+    shown beside it. `slurm_nodes`: Slurm's nodes from a look that ended the caller's
+    wait (create's: every phase it recorded came from that look or an earlier one), in
+    place of a new query."""
     placed = cluster.placements()  # before the phases: see Cluster.lost_nodes
     recorded = cluster.store.latest_phases(cluster.name)
     containers = cluster.node_containers()
     ctl = cluster.controller_of(containers)
-    snodes: dict[str, SlurmNode] = slurm_nodes or {}
-    up = slurm_nodes is not None
+    snodes: dict[str, SlurmNode] = slurm_nodes if slurm_nodes is not None else {}
+    up = slurm_nodes is not None and ctl is not None and ctl.running
     if slurm_nodes is None and ctl is not None and ctl.running:
         try:
             snodes = {n.name: n for n in cluster.slurm_in(ctl.name).nodes()}

@@ -111,6 +111,13 @@ def files(spec: ClusterSpec, group: InstanceGroup, index: int, controller: str) 
     return out
 
 
+def took(log: str) -> float | None:
+    """The script's run time from the entry's last closing line in `log` ("... exited RC
+    after S s"; None when there is none, or the entry said no time)."""
+    said = [m for ln in log.splitlines() if ln.startswith(DONE) and (m := TOOK.search(ln))]
+    return float(said[-1].group(1)) if said else None
+
+
 class Outcome(NamedTuple):
     rc: int  # the script's exit code (-1: none was read)
     tail: list[str]  # the last lines of its output
@@ -126,8 +133,7 @@ def outcome(lc: LifeCycleSpec, rc_text: bytes, log_tail: str) -> Outcome:
         rc = -1
     lines = log_tail.splitlines()
     ends = [i for i, ln in enumerate(lines) if ln.startswith(DONE) and " exited " in ln]
-    took = TOOK.search(lines[ends[-1]]) if ends else None
-    seconds = float(took.group(1)) if took else None
+    seconds = took(lines[ends[-1]]) if ends else None
     lines = lines[: ends[-1]] if ends else lines  # the script's output, not the daemon's after it
     starts = [i for i, ln in enumerate(lines) if ln.startswith(DONE)]
     lines = lines[starts[-1] + 1 :] if starts else lines

@@ -14,7 +14,7 @@ from orchestrator.agent.onstart_queue import OnStartQueue
 from orchestrator.cluster.create import CreateOptions, create
 from orchestrator.cluster.scaling import scale
 from orchestrator.core.context import Cluster
-from orchestrator.errors import OperationFailed
+from orchestrator.errors import EngineUnavailable, OperationFailed
 from orchestrator.spec.model import validate
 from orchestrator.state.transitions import ClusterStatus
 
@@ -42,6 +42,33 @@ def test_agent_scales_up_and_exits_when_the_cluster_goes(tmp_path):
     t.join(5)
     assert not t.is_alive()
     agent.stop.set()
+
+
+def test_agent_started_while_the_engine_restarts_waits_for_it(tmp_path):
+    """hp starts the agent as a create ends: an engine that restarts just then (no
+    answer to the images' lookup) is waited for; the agent was lost before."""
+    w = world(tmp_path)
+    create(w.env, validate(spec_doc("lab"), w.env.catalogue), CreateOptions(timeout=5))
+    real, looks = w.env.images.refs, [0]
+
+    def refs(defs):  # the agent's first reads of its node images' tags, while the engine is away
+        looks[0] += 1
+        if looks[0] <= 2:
+            raise EngineUnavailable("cannot reach a Docker engine (fake: restarting)")
+        return real(defs)
+
+    w.env.images.refs = refs
+    agent = Agent(w.env, "lab")
+    agent._sleep = lambda seconds: None  # noqa: SLF001 - no real second between looks
+    t = threading.Thread(target=agent.run, daemon=True)
+    t.start()
+    scale(w.env, "lab", "cpu", 3)
+    agent.kick()
+    until(lambda: sum(1 for c in w.provider.containers("lab") if c.group == "cpu" and c.running) == 3)
+    assert looks[0] >= 3 and t.is_alive()
+    agent.stop.set()
+    agent.kick()
+    t.join(5)
 
 
 def test_agent_waits_while_the_controller_does_not_answer(tmp_path):

@@ -86,6 +86,38 @@ def test_create_hands_on_slurms_nodes_from_the_look_that_saw_every_node_join(tmp
     assert make(w, "cont", NodeProvisioningMode="Continuous").slurm_nodes is None
 
 
+def test_the_login_nodes_join_is_looked_at_in_the_pass_in_which_the_last_worker_joined(tmp_path):
+    """The workers show up in Slurm at create's second look; the login node answers from
+    then on. Its join is seen in that same pass (not one pass, NODES_POLL_S, later), and
+    that look is handed on."""
+    w = world(tmp_path)
+    w.slurm.auto_register = False
+    looks = [0]
+    real_nodes, real_ping_from = w.slurm.nodes, w.slurm.ping_from
+
+    def nodes():
+        looks[0] += 1
+        if looks[0] == 2:  # slurmd registers
+            for c in w.provider.containers_.values():
+                if c.spec.labels.get("io.hp.role") == "worker" and c.state == "running":
+                    w.slurm.set(c.spec.hostname, "IDLE")
+        return real_nodes()
+
+    w.slurm.nodes = nodes
+    w.slurm.ping_from = lambda container: looks[0] >= 2 and real_ping_from(container)
+    passes = []
+
+    class Passes(create_mod.NoProgress):
+        def groups(self, counts):
+            passes.append(counts)
+
+    spec = validate(spec_doc("lab", None), w.env.catalogue)
+    made = create(w.env, spec, CreateOptions(timeout=5), Passes())
+    assert w.env.store.cluster("lab").status == "InService"
+    assert len(passes) == 2 and looks[0] == 2, (passes, looks)
+    assert sorted(made.slurm_nodes) == ["cpu-1", "cpu-2"]
+
+
 def test_all_or_nothing_create_that_cannot_be_provisioned_rolls_back(tmp_path):
     w = world(tmp_path)
     capacity.set_limit(w.env.store, "cpu.nano", 2)  # login + 1 worker fit, not 2
