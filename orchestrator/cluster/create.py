@@ -404,37 +404,40 @@ class Creating:
     def _converge(self, recs: list[GroupReconciler]) -> None:
         """Drive these groups' passive sync until each node this create launched runs. A
         node that fails ends an all-or-nothing create; in continuous mode it is left to
-        the agent. One Slurm query a pass while a compute node waits; a group's sync (its containers listed, its
-        nodes' records read, for a login node an exec of `scontrol ping` there) runs every
-        SYNC_EVERY passes (a container that exited, a register timeout), and besides: a
-        compute group's when Slurm shows one of its waiting nodes responding, a login
-        group's at every pass once no compute node is waiting, from the pass in which the
-        last one joined (its join is seen only from its node)."""
+        the agent. One Slurm query a pass while a compute node waits; a group's sync (its
+        containers listed, its nodes' records read, for a login node an exec of `scontrol
+        ping` there) runs every SYNC_EVERY passes (a container that exited, a register
+        timeout), and besides: a compute group's when Slurm shows one of its waiting nodes
+        responding, a login group's at every pass once no compute node is waiting, from
+        the pass in which the last one joined (its join is seen only from its node)."""
         c, strict = self.c, not self.c.spec.continuous
         mine = {n for n, r in self.nodes.rec_of.items() if r in recs}
         target = {g.InstanceGroupName: g.InstanceCount for g in c.spec.compute}
+        logins = [r for r in recs if self.types[r.group] == "Login"]
+        computes = [r for r in recs if r not in logins]
         passes = itertools.count()
 
-        def waiting() -> set[str]:
+        def waiting(of: list[GroupReconciler]) -> dict[GroupReconciler, list[str]]:
+            """The groups of `of` with nodes not running yet, and those nodes."""
             latest = c.store.latest_phases(c.name)
-            return {n for n in mine if latest.get(n, ("",))[0] != Phase.RUNNING.value}
-
-        def computes_done(nodes: set[str]) -> bool:
-            return all(self.types[self.nodes.rec_of[n].group] != "Compute" for n in nodes)
+            out: dict[GroupReconciler, list[str]] = {}
+            for n in mine:
+                if latest.get(n, ("",))[0] != Phase.RUNNING.value and self.nodes.rec_of[n] in of:
+                    out.setdefault(self.nodes.rec_of[n], []).append(n)
+            return out
 
         def joined() -> bool:
             every = next(passes) % SYNC_EVERY == 0
-            left = waiting()
-            snodes = {} if computes_done(left) else _slurm_nodes(c)  # login nodes' joins are seen from them
-            for r in (r for r in recs if self.types[r.group] != "Login"):  # only the groups still waiting
-                theirs = [n for n in left if self.nodes.rec_of[n] is r]
-                if theirs and (every or any(n in snodes and not snodes[n].not_responding for n in theirs)):
+            left = waiting(computes)
+            snodes = _slurm_nodes(c) if left else {}  # login nodes' joins are seen from them
+            for r, theirs in left.items():
+                if every or any(n in snodes and not snodes[n].not_responding for n in theirs):
                     r.sync(snodes)
-            if any(self.types[r.group] == "Login" for r in recs):
-                left = waiting()  # the compute nodes that joined in this pass: the login groups' turn in it too
-                workers_done = computes_done(left)
-                for r in (r for r in recs if self.types[r.group] == "Login"):
-                    if any(self.nodes.rec_of[n] is r for n in left) and (every or workers_done):
+            if logins:  # the compute nodes that joined in this pass: the login groups' turn in it too
+                after = waiting(recs)
+                workers_done = not any(r in computes for r in after)
+                for r in (r for r in after if r in logins):
+                    if every or workers_done:
                         r.sync(snodes)
             latest = c.store.latest_phases(c.name)
             running = {n for n in self.nodes.rec_of if latest.get(n, ("",))[0] == Phase.RUNNING.value}
