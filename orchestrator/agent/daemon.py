@@ -167,6 +167,9 @@ class Agent:
         last_updated = None
         last_prune = 0.0
         while not self.stop.is_set():
+            if env.store.gone():  # nothing it writes would be read: its cluster's containers are left as they are
+                log.warning("hp's state folder %s was removed: agent exits", env.store.home)
+                return 0
             row = env.store.cluster(self.name)
             if row is None or row.status in DEAD_STATUSES:
                 log.info("cluster is %s: agent exits", row.status if row else "gone")

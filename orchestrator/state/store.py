@@ -212,6 +212,7 @@ class Store:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
         self._migrate()
+        self._file = os.stat(self.path).st_ino  # the file opened (see gone())
 
     def _migrate(self) -> None:
         for table, col, decl in MIGRATIONS:
@@ -221,6 +222,15 @@ class Store:
 
     def close(self) -> None:
         self._db.close()
+
+    def gone(self) -> bool:
+        """The database file opened is no longer at its path: its state folder was
+        removed (or the file replaced). SQLite goes on reading and writing the unlinked
+        file, so a long-lived reader (the agent) asks this to notice."""
+        try:
+            return os.stat(self.path).st_ino != self._file
+        except FileNotFoundError:
+            return True
 
     def _x(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         with self._lock:

@@ -1,8 +1,9 @@
 """The agent's loop on the fakes: it scales a group up, marks a cluster InService, stops
-when its cluster is deleted, and its on-start queue checks joined nodes."""
+when its cluster is deleted or its state folder removed, and its on-start queue checks joined nodes."""
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 
@@ -69,6 +70,26 @@ def test_agent_started_while_the_engine_restarts_waits_for_it(tmp_path):
     agent.stop.set()
     agent.kick()
     t.join(5)
+
+
+def test_agent_exits_when_its_state_folder_is_removed(tmp_path):
+    """A state folder removed under a running agent (a CI job's temporary HP_HOME):
+    SQLite goes on with the unlinked file, so the agent ran on forever before; it exits
+    now, and leaves the cluster's containers as they are."""
+    w = world(tmp_path)
+    create(w.env, validate(spec_doc("lab"), w.env.catalogue), CreateOptions(timeout=5))
+    agent = Agent(w.env, "lab")
+    t = threading.Thread(target=agent.run, daemon=True)
+    t.start()
+    until(lambda: t.is_alive())
+    assert not w.env.store.gone()
+    running = sorted(c.name for c in w.provider.containers("lab") if c.running)
+    shutil.rmtree(w.home)
+    assert w.env.store.gone()
+    agent.kick()
+    t.join(5)
+    assert not t.is_alive()
+    assert sorted(c.name for c in w.provider.containers("lab") if c.running) == running
 
 
 def test_agent_waits_while_the_controller_does_not_answer(tmp_path):
