@@ -9,6 +9,10 @@ gives back the last value instead of raising: for loops that say themselves what
 deadline means. An exception of `retry_on` raised by a look counts as "not yet"; when
 the last look raised one, that exception is raised. Any other exception ends the wait.
 
+`paced=True`: `every` is the period from one look's start to the next's, not the pause
+after each (a look slower than `every` is followed by the next at once): for a wait whose
+look is itself slow (an exec into a container) and whose latency is what matters.
+
 `pause(seconds)` is a deliberate pause (letting events settle), the one plain sleep.
 `slept_after(wait, attempt)` is the pause a tenacity wait strategy makes after failed
 try `attempt` (backoffs computed from a recorded retry count).
@@ -22,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from tenacity import RetryCallState, Retrying, retry_if_exception_type, retry_if_result, stop_after_attempt, wait_fixed
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, retry_if_result, stop_after_attempt
 from tenacity.wait import wait_base
 
 from .errors import WaitTimeout
@@ -59,8 +63,17 @@ def _looks(
     retry_on: type[BaseException] | tuple[type[BaseException], ...],
     clock: Clock,
     sleep: Sleep | None,
+    paced: bool = False,
 ) -> tuple[bool, T]:
     """(done, the last value looked at); `end`: the clock's time to give up at."""
+    began = [clock()]  # the latest look's start (paced)
+
+    def look() -> T:
+        began[0] = clock()
+        return probe()
+
+    def pace(rs: RetryCallState) -> float:
+        return max(every - (clock() - began[0]), 0.0) if paced else every
 
     def stop(rs: RetryCallState) -> bool:
         return (end is not None and clock() >= end) or (attempts is not None and rs.attempt_number >= attempts)
@@ -71,11 +84,11 @@ def _looks(
 
     out = Retrying(
         stop=stop,
-        wait=wait_fixed(every),
+        wait=pace,
         sleep=sleep or time.sleep,
         retry=retry_if_exception_type(retry_on) | retry_if_result(lambda v: not done(v)),
         retry_error_callback=give_up,
-    )(probe)
+    )(look)
     if isinstance(out, _GaveUp):
         return False, out.last
     return True, out
@@ -112,11 +125,12 @@ def poll(
     retry_on: type[BaseException] | tuple[type[BaseException], ...] = (),
     clock: Clock | None = None,
     sleep: Sleep | None = None,
+    paced: bool = False,
 ) -> T:
     """Like `until`, but the last value is returned at the deadline too (the caller
     tells a done one by `done`)."""
     clock = clock or time.monotonic
-    return _looks(probe, done, every, _end(clock(), timeout, deadline), attempts, retry_on, clock, sleep)[1]
+    return _looks(probe, done, every, _end(clock(), timeout, deadline), attempts, retry_on, clock, sleep, paced)[1]
 
 
 def _end(now: float, timeout: float | None, deadline: float | None) -> float | None:

@@ -459,7 +459,7 @@ class Creating:
                 raise WaitTimeout(f"login node {min(pending)} cannot reach slurmctld")
             return False
 
-        waits.until(joined, every=NODES_POLL_S)
+        waits.until(joined, every=NODES_POLL_S, paced=True)
 
     def _make_controller(self) -> str:
         """Create the controller's container and start it (a retry)."""
@@ -529,7 +529,7 @@ def _slurm_nodes(cluster: Cluster) -> dict[str, SlurmNode]:
 
 
 POLL_S = 0.1  # the controller's `scontrol ping`
-NODES_POLL_S = 0.1  # a pass of create's wait: one Slurm query, the groups with news synced
+NODES_POLL_S = 0.1  # a pass of create's wait (one Slurm query, the groups with news synced) starts every 0.1 s, at once after a slower one
 SYNC_EVERY = 5  # a compute group with no news is synced every fifth pass
 
 

@@ -30,6 +30,21 @@ def test_until_returns_the_first_done_value_looking_every_interval():
     assert c.slept == [0.5, 0.5]
 
 
+def test_paced_looks_start_every_interval_and_a_slow_one_is_followed_at_once():
+    c, took = Clock(), iter([0.03, 0.15, 0.1, 0.02])
+
+    def look() -> float:  # a look that takes its time (an exec into a container)
+        t = next(took)
+        c.now += t
+        return t
+
+    assert waits.until(look, lambda t: t == 0.02, every=0.1, timeout=10, clock=c, sleep=c.sleep, paced=True) == 0.02
+    assert [round(s, 6) for s in c.slept] == [0.07, 0.0, 0.0]
+    c2, seen = Clock(), iter([1, 2, 3])
+    waits.until(lambda: next(seen), lambda v: v >= 3, every=0.5, timeout=10, clock=c2, sleep=c2.sleep)
+    assert c2.slept == [0.5, 0.5]  # not paced: the pause after each look
+
+
 def test_a_timeout_carries_the_last_value_seen():
     c, n = Clock(), itertools.count()
     with pytest.raises(waits.TimedOut) as e:
