@@ -1,5 +1,5 @@
 """python -m orchestrator.cli ...: the `hp` command."""
 
-from . import main
+from . import run
 
-main()
+run()
