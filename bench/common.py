@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.cluster.delete import remove_network  # noqa: E402
+from orchestrator.cluster.teardown import remove_network  # noqa: E402
 from orchestrator.core.context import SLURM_UID  # noqa: E402
 from orchestrator.docker import images as image_sets  # noqa: E402
 from orchestrator.docker.engine import DockerEngine as DockerProvider

@@ -133,7 +133,7 @@ class Hp:
         return "\n".join(out)
 
     def cleanup(self) -> None:
-        from orchestrator.cluster.delete import remove_resources
+        from orchestrator.cluster.teardown import remove_resources
         from orchestrator.docker.engine import DockerEngine as DockerProvider
 
         for n in self.made:

@@ -29,7 +29,7 @@ def api(name: str, json_out: bool = JsonOpt) -> None:
     Requests carry X-SLURM-USER-NAME and X-SLURM-USER-TOKEN (from 'hp token NAME').
     Example: curl -H "X-SLURM-USER-TOKEN: $(hp token lab)" "$(hp api lab)/slurm/v0.0.42/ping"
     """
-    from ..services.endpoints import wait_url
+    from ..services.ports import wait_url
 
     e, _ = _rest_cluster(name)
     e.agents.ensure(name)  # the agent serves the front
@@ -62,7 +62,7 @@ def token(
 
 def metrics(name: str, json_out: bool = JsonOpt) -> None:
     """Print the URL of the cluster's Prometheus metrics (served by its agent on 127.0.0.1)."""
-    from ..services.endpoints import wait_url
+    from ..services.ports import wait_url
 
     e = env()
     e.cluster(name)

@@ -1,7 +1,7 @@
 """Operations on clusters, the face the CLI (and CI) use:
 
 - create.py: `create` (CreateOptions), `capacity_problems`, `has_gpus`;
-- delete.py: `delete`;
+- delete.py: `delete`; teardown.py: `remove_resources`, `other_home` (also create's rollback);
 - query.py: `list_clusters`, `nodes` (and `observe`); describe.py: `describe`;
 - scaling.py: `scale`, `delete_nodes`; waiting.py: `wait_groups` (`hp scale --wait`);
 - exec.py: `exec_target`, `run_exec` (`hp exec`).

@@ -40,7 +40,7 @@ from ..core.context import Cluster, Env
 from ..core.launcher import Launcher
 from ..docker import images as image_sets  # read at each call: a test may narrow a set
 from ..errors import BadInput, HpError, LaunchError, OperationFailed, WaitTimeout
-from ..health.requests.gpu_check import thresholds_checked
+from ..gpu.thresholds import thresholds_checked
 from ..naming import L_HOME, container_name, database_volume, labels, network_name, shared_volume, state_volume
 from ..services.accounting import CreateServices, controller_files, forget_secrets
 from ..slurm.conf import render
@@ -48,8 +48,8 @@ from ..slurm.model import SlurmNode
 from ..spec.model import ClusterSpec
 from ..state.phases import Phase
 from ..state.transitions import ClusterStatus
-from .delete import other_home, remove_resources
 from .reconciler import GroupReconciler, Launch, Recorder, not_joined
+from .teardown import other_home, remove_resources
 
 log = logging.getLogger("hp")
 

@@ -6,73 +6,15 @@ from __future__ import annotations
 
 import shlex
 import shutil
-from pathlib import Path
 
-from .. import waits
-from ..core.context import Cluster, Env, parallel
-from ..docker.provider import Provider
-from ..docker.views import Network
-from ..errors import BadInput, EngineError, NotFound, OperationFailed
+from ..core.context import Cluster, Env
+from ..errors import BadInput, NotFound, OperationFailed
 from ..health.requests.service import stop_for_delete
-from ..naming import L_HOME
-from ..services.endpoints import forget
+from ..services.ports import forget
 from ..slurm.model import DELETING_REASON
 from ..state.store import cluster_folder
 from ..state.transitions import ClusterStatus
-
-NETWORK_BUSY_S = 15.0  # an overlay's endpoints on other hosts go a moment after their containers
-
-
-def remove_network(p: Provider, net: str) -> bool:
-    """Remove a network whose containers were just removed. Docker 20.10 may still count
-    their endpoints for a moment ("has active endpoints"; an overlay's, on other hosts,
-    a while longer): tried again for up to NETWORK_BUSY_S. False when it is left because
-    a container on a host that does not answer still uses it."""
-
-    def attempt() -> bool:
-        try:
-            p.remove_network(net)
-            return True
-        except EngineError as e:
-            if e.missing:
-                return True
-            if p.unreachable():  # in use by a container on a host that is away: left there
-                return False
-            raise
-
-    return waits.until(attempt, lambda _: True, every=0.3, timeout=NETWORK_BUSY_S, retry_on=EngineError)
-
-
-def remove_resources(p: Provider, name: str) -> dict[str, int]:
-    """Remove every container, then network and volume labelled for cluster `name` (on
-    every reachable host; a network still in use by a container on a host that does not
-    answer is left, and counted in "left")."""
-    containers = p.containers(name)
-    parallel(lambda c: p.remove_container(c.id), containers)
-    nets = p.networks(name)
-    left = sum(not remove_network(p, n.id) for n in nets)
-    if nets and not left and not p.unreachable() and "" not in p.engines():
-        # a swarm overlay leaves every host's list a moment after the manager removed it
-        waits.poll(lambda: not p.networks(name), every=0.2, timeout=NETWORK_BUSY_S)
-    vols = p.volumes(name)
-    for v in sorted({v.name for v in vols}):  # one name may be on several hosts
-        p.remove_volume(v)
-    out = {"containers": len(containers), "networks": len(nets) - left, "volumes": len(vols)}
-    if left:
-        out["left"] = left
-    return out
-
-
-def other_home(env: Env, name: str, nets: list[Network]) -> str | None:
-    """The hp state folder (HP_HOME) that made cluster `name`, from its network's label,
-    when that is not this one and still holds the cluster's folder; None otherwise (a
-    cluster that no state folder holds any more is anyone's to remove: labels are the
-    truth of what exists)."""
-    for n in nets:
-        home = n.labels.get(L_HOME)
-        if home and Path(home).resolve() != env.store.home.resolve() and cluster_folder(Path(home), name).is_dir():
-            return home
-    return None
+from .teardown import other_home, remove_resources
 
 
 def delete(env: Env, name: str) -> dict[str, int]:

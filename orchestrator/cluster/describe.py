@@ -7,7 +7,7 @@ from typing import Any
 
 from ..core.context import Cluster, Env
 from ..services.accounting import health
-from ..services.endpoints import url
+from ..services.ports import url
 from ..slurm.model import SlurmNode
 from ..state.status import group_views
 from ..state.store import iso

@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .. import resources
+from ..errors import BadInput
 from .discovery import KNOWN_MODELS
 
 ENV_OVERLAY = "HP_GPU_THRESHOLDS"
@@ -187,3 +188,12 @@ def load_thresholds(
     over = parse_thresholds(text, str(p))
     doc = yaml.safe_load(text)
     return merge(table, over, isinstance(doc, dict) and "TolerancePerNode" in doc)
+
+
+def thresholds_checked() -> ThresholdTable:
+    """The GPU threshold table (shipped, and HP_GPU_THRESHOLDS); a bad file is bad
+    input (exit 2) listing every problem."""
+    try:
+        return load_thresholds()
+    except ThresholdsError as e:
+        raise BadInput(e.problems, "bad GPU thresholds") from None

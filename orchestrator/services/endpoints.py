@@ -1,71 +1,22 @@
 """The agent's loopback endpoints of a cluster: metrics (always) and the REST front
-(with Rest). Each listens on 127.0.0.1 on a port recorded in the store, so that the URLs
-`hp metrics` and `hp api` print stay the same when the agent restarts (a port taken
-meanwhile by another program is replaced by a free one, and recorded)."""
+(with Rest). Each listens on 127.0.0.1 on a port recorded in the store (ports.py), so
+that the URLs `hp metrics` and `hp api` print stay the same when the agent restarts (a
+port taken meanwhile by another program is replaced by a free one, and recorded)."""
 
 from __future__ import annotations
 
 import logging
-import socket
 from typing import Any
 
-from .. import waits
 from ..core.context import Cluster, Env
-from ..errors import EngineError, OperationFailed
+from ..errors import EngineError
 from ..naming import network_name, service_container
-from ..state.store import Store
 from .accounting import REST_PORT, jwt_key
 from .front import UPSTREAM_TIMEOUT, Front
 from .metrics import HealthResults, registry
+from .ports import KINDS, key, url
 
 log = logging.getLogger("hp.agent")
-
-KINDS = ("metrics", "rest")
-
-
-def _key(kind: str, name: str) -> str:
-    return f"endpoint.{kind}:{name}"
-
-
-def url(store: Store, name: str, kind: str) -> str | None:
-    """The endpoint's URL as last recorded (None: never served)."""
-    port = store.get(_key(kind, name))
-    if not port:
-        return None
-    return f"http://127.0.0.1:{port}" + ("/metrics" if kind == "metrics" else "")
-
-
-def forget(store: Store, name: str) -> None:
-    for kind in KINDS:
-        store.put(_key(kind, name), None)
-
-
-def listening(store: Store, name: str, kind: str) -> bool:
-    port = store.get(_key(kind, name))
-    if not port:
-        return False
-    try:
-        socket.create_connection(("127.0.0.1", int(port)), timeout=0.5).close()
-        return True
-    except OSError:
-        return False
-
-
-def wait_url(store: Store, name: str, kind: str, timeout: float = 15.0) -> str:
-    """The URL once the agent listens on it (it may have just been started)."""
-    waits.until(
-        lambda: listening(store, name, kind),
-        every=0.1,
-        timeout=timeout,
-        error=lambda _: OperationFailed(
-            f"the agent of cluster {name!r} does not serve its {kind} endpoint (see its log: "
-            f"{store.home / 'clusters' / name / 'agent.log'})"
-        ),
-    )
-    u = url(store, name, kind)
-    assert u is not None
-    return u
-
 
 # In slurmrestd's container: the request from stdin to slurmrestd, then its answer (the
 # request says Connection: close) to stdout; bounded by the front's own upstream timeout.
@@ -89,13 +40,13 @@ class Endpoints:
 
     def _bind(self, kind: str, make: Any) -> Any:
         store = self.env.store
-        want = int(store.get(_key(kind, self.name)) or 0)
+        want = int(store.get(key(kind, self.name)) or 0)
         try:
             srv = make(want)
         except OSError as e:  # the recorded port is taken: another one, recorded
             log.warning("%s endpoint: port %d: %s; taking a free port", kind, want, e)
             srv = make(0)
-        store.put(_key(kind, self.name), str(srv.server_address[1]))
+        store.put(key(kind, self.name), str(srv.server_address[1]))
         self.servers.append(srv)
         return srv
 

@@ -68,7 +68,7 @@ def test_slurm_side_of_a_gpu_node_with_a_stand_in_device(docker_ok, tmp_path, mo
     from fakes import FakeAgents
 
     from orchestrator.cluster.create import CreateOptions, create
-    from orchestrator.cluster.delete import remove_resources
+    from orchestrator.cluster.teardown import remove_resources
     from orchestrator.core.context import Cluster, Env
     from orchestrator.core.launcher import Launcher
     from orchestrator.docker import images as images_mod

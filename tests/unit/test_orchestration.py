@@ -18,11 +18,12 @@ import orchestrator.cluster.create as create_mod
 import orchestrator.cluster.reconciler as reconciler
 from orchestrator.agent.daemon import Agent
 from orchestrator.cluster.create import CreateOptions, create
-from orchestrator.cluster.delete import delete, remove_network
+from orchestrator.cluster.delete import delete
 from orchestrator.cluster.describe import describe
 from orchestrator.cluster.query import list_clusters, nodes
 from orchestrator.cluster.reconciler import BACKOFF, GroupReconciler
 from orchestrator.cluster.scaling import delete_nodes, scale
+from orchestrator.cluster.teardown import remove_network
 from orchestrator.core import capacity
 from orchestrator.core.context import Cluster, Env
 from orchestrator.core.launcher import Launcher

@@ -534,7 +534,8 @@ def test_endpoints_serve_on_recorded_ports_and_survive_a_restart(tmp_path, monke
     import urllib.request
 
     import orchestrator.cli as cli
-    from orchestrator.services.endpoints import Endpoints, url, wait_url
+    from orchestrator.services.endpoints import Endpoints
+    from orchestrator.services.ports import url, wait_url
 
     w = world(tmp_path)
     c = make(w, Rest={"Enabled": True})

@@ -24,7 +24,7 @@ from ...docker.views import Container
 from ...errors import TRANSIENT, BadInput
 from ...gpu import dcgm
 from ...gpu.judge import DcgmRun, Finding, GpuVerdict, judge_gpu_check, make_verdict
-from ...gpu.thresholds import ThresholdsError, ThresholdTable, load_thresholds
+from ...gpu.thresholds import thresholds_checked
 from ...gpu.wiring import GpuWiring, GpuWiringError
 from ...naming import L_GPU_MODEL, L_GPUS
 from ...spec.catalogue import InstanceType
@@ -34,15 +34,6 @@ log = logging.getLogger("hp.health")
 
 CHECK_PROGRAM = "/opt/hp-gpu/bin/hp_gpu_check.py"
 ENV_DCGM_IMAGE = "HP_DCGM_IMAGE"
-
-
-def thresholds_checked() -> ThresholdTable:
-    """The GPU threshold table (shipped, and HP_GPU_THRESHOLDS); a bad file is bad
-    input (exit 2) listing every problem."""
-    try:
-        return load_thresholds()
-    except ThresholdsError as e:
-        raise BadInput(e.problems, "bad GPU thresholds") from None
 
 
 @dataclass(frozen=True)

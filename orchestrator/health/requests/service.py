@@ -12,6 +12,7 @@ from typing import Any
 from ... import waits
 from ...core.context import Cluster, Env
 from ...errors import BadInput, NotFound, OperationFailed, WaitTimeout
+from ...gpu.thresholds import thresholds_checked
 from ...slurm.model import is_health_reason
 from ...state.health_requests import Records, Request, output_dir
 from ...state.phases import Phase
@@ -20,7 +21,6 @@ from ...state.transitions import ACTIVE, RequestState
 from ..tools import options as option_rules
 from . import sidecar
 from .decisions import CHECKS, validate_checks
-from .gpu_check import thresholds_checked
 from .runner import hand_back
 
 
