@@ -401,6 +401,7 @@ def test_create_container_builds_the_host_config_the_engine_recorded_for_the_sam
     assert kw["labels"] == NODE_SPEC.labels
     assert kw["networking_config"] == {"EndpointsConfig": {"ut-rec-net": {"Aliases": ["cpu-1"]}}}
     assert "cpu-1" in rec["NetworkSettings"]["Networks"]["ut-rec-net"]["Aliases"]
+    assert hc["Sysctls"] == {"net.ipv4.neigh.eth0.retrans_time_ms": "50"}  # engine.NEIGHBOUR_SYSCTLS
 
 
 def test_create_container_in_another_containers_network_with_a_cfs_quota() -> None:
@@ -424,7 +425,7 @@ def test_create_container_in_another_containers_network_with_a_cfs_quota() -> No
     _, kw = created(api)
     for k in ("CpuQuota", "CpuPeriod", "Memory", "MemorySwap", "NetworkMode", "Init"):
         assert kw["host_config"].get(k) == rec["check"]["HostConfig"][k], k
-    assert "NanoCpus" not in kw["host_config"]
+    assert "NanoCpus" not in kw["host_config"] and "Sysctls" not in kw["host_config"]  # its node's namespace
     assert kw["hostname"] is None and kw["networking_config"] is None and "ports" not in kw
 
 
