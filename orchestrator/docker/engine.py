@@ -658,14 +658,14 @@ class DockerEngine:
             ex = api.exec_create(
                 container, cmd, user=user, workdir=workdir, environment=environment, stdin=stdin is not None
             )
-            if stdin is None:
-                out = api.exec_start(ex["Id"])
-            else:
-                sock = api.exec_start(ex["Id"], socket=True)
-                raw = getattr(sock, "_sock", sock)
-                raw.sendall(stdin)
-                raw.shutdown(1)  # SHUT_WR: end of input
-                out = _read_multiplexed(raw)
+            conn = _Hijacked(api.exec_start(ex["Id"], socket=True))
+            try:
+                if stdin is not None:
+                    conn.sock.sendall(stdin)
+                    conn.sock.shutdown(1)  # SHUT_WR: end of input
+                out = _read_multiplexed(conn)
+            finally:
+                conn.close()
             code = api.exec_inspect(ex["Id"])["ExitCode"]
         return ExecResult(code if code is not None else -1, out.decode(errors="replace"))
 
@@ -681,7 +681,8 @@ class DockerEngine:
         api = self.api
         with _errors(f"run {cmd[0]} in {container}"):
             ex = api.exec_create(container, cmd, user=user, workdir=workdir, environment=environment)
-            return ExecHandle(api.exec_start(ex["Id"], stream=True, demux=True), ex["Id"])
+            conn = _Hijacked(api.exec_start(ex["Id"], socket=True))
+        return ExecHandle(_frames(conn), ex["Id"])
 
     def exec_exit_code(self, handle: ExecHandle) -> int:
         with _errors("exec status"):
@@ -705,13 +706,16 @@ class DockerEngine:
             sock = api.exec_start(ex["Id"], socket=True, tty=True)
             size = shutil.get_terminal_size()
             api.exec_resize(ex["Id"], height=size.lines, width=size.columns)
-        raw = getattr(sock, "_sock", sock)
+        conn = _Hijacked(sock)
+        raw = conn.sock
         fd = sys.stdin.fileno()
         saved = termios.tcgetattr(fd)
+        watched = [raw, fd]
         try:
             tty.setraw(fd)
+            os.write(sys.stdout.fileno(), conn.held())  # what came with the headers (a prompt)
             while True:
-                ready, _, _ = select.select([raw, fd], [], [])
+                ready, _, _ = select.select(watched, [], [])
                 if raw in ready:
                     data = raw.recv(65536)
                     if not data:
@@ -719,12 +723,14 @@ class DockerEngine:
                     os.write(sys.stdout.fileno(), data)
                 if fd in ready:
                     data = os.read(fd, 65536)
-                    if not data:
+                    if not data:  # end of input: the command's too; its output may go on
                         raw.shutdown(1)
+                        watched.remove(fd)
                     else:
                         raw.sendall(data)
         finally:
             termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+            conn.close()
         return self.exec_exit_code(ExecHandle(iter(()), ex["Id"]))
 
     def events(self, cluster: str | None = None) -> _Events:
@@ -882,6 +888,64 @@ def _exit_code(status: str) -> int:
 
 def _iso(ts: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+class _Hijacked:
+    """An exec's connection once the engine hijacked it (docker-py's `exec_start(socket=True)`),
+    read through the HTTP response's buffered reader. docker-py reads the stream from the
+    socket under that reader, so bytes the engine sent together with the response's headers
+    were lost (docker/docker-py#2042; seen: `scontrol --json` output without its start, exit
+    0, over TCP to a Docker-in-Docker host). No timeout: an exec may be quiet as long as its
+    command runs (docker-py's own read has none either). Without the response (an ssh or
+    named-pipe engine) the socket is read directly, as docker-py does."""
+
+    def __init__(self, sock: Any):
+        res = getattr(sock, "_response", None)  # docker-py keeps it on the socket
+        fp = getattr(getattr(getattr(res, "raw", None), "_fp", None), "fp", None)
+        self._res = res
+        self.sock = getattr(sock, "_sock", sock)  # a SocketIO's socket (unix, tcp); TLS: the socket itself
+        self._reader = fp if fp is not None and getattr(fp, "raw", None) is not None else None
+        if self._reader is not None:
+            self.sock.settimeout(None)
+
+    def recv(self, n: int) -> bytes:
+        """What the reader holds, or one read of the socket ("" at the end)."""
+        return self._reader.read1(n) if self._reader is not None else self.sock.recv(n)
+
+    def held(self) -> bytes:
+        """What the reader already holds, without waiting for more (b"" when nothing)."""
+        if self._reader is None:
+            return b""
+        self.sock.setblocking(False)
+        try:
+            return self._reader.read1(65536) or b""
+        finally:
+            self.sock.settimeout(None)
+
+    def close(self) -> None:
+        try:
+            (self._res or self.sock).close()
+        except OSError:
+            pass
+
+
+def _frames(conn: Any) -> Iterator[tuple[bytes | None, bytes | None]]:
+    """Docker's multiplexed stream as it comes: (stdout, None) or (None, stderr) per frame."""
+    buf = b""
+    try:
+        while True:
+            chunk = conn.recv(65536)
+            if not chunk:
+                return
+            buf += chunk
+            while len(buf) >= 8:
+                size = int.from_bytes(buf[4:8], "big")
+                if len(buf) < 8 + size:
+                    break
+                stream, data, buf = buf[0], buf[8 : 8 + size], buf[8 + size :]
+                yield (data, None) if stream != 2 else (None, data)
+    finally:
+        conn.close()
 
 
 def _read_multiplexed(sock: Any) -> bytes:

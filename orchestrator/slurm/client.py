@@ -9,8 +9,7 @@ Protocol: the orchestration is unit-tested against an in-memory fake, tests/fake
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Protocol, TypeVar, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from .. import waits
 from ..docker.provider import Provider
@@ -22,7 +21,6 @@ from .model import (
     AutoResumeRetry,
     JobInfo,
     SlurmNode,
-    UnparsableOutput,
     parse_accounting_ping,
     parse_auto_resume,
     parse_job_ids,
@@ -101,8 +99,6 @@ class Slurm(Protocol):
         """A JWT for `user`, valid `lifespan` seconds (needs AuthAltTypes=auth/jwt)."""
 
 
-T = TypeVar("T")
-
 # Every Slurm command runs under coreutils' timeout: a slurmctld that hangs (stuck at
 # start, a frozen container) makes a command fail, never block hp (its agent) forever.
 COMMAND_TIMEOUT_S = 30
@@ -113,15 +109,6 @@ TIMED_OUT = 124  # timeout(1)'s exit status when the command ran out of time
 def bounded(cmd: list[str], seconds: int = COMMAND_TIMEOUT_S) -> list[str]:
     """`cmd` under timeout(1): TERM after `seconds`, KILL 2 s later."""
     return ["timeout", "-k", "2", str(seconds), *cmd]
-
-
-def twice(read: Callable[[], T]) -> T:
-    """A read-only query, asked once more when its output did not parse (UnparsableOutput:
-    the read lost part of it); a second such output is the caller's error."""
-    try:
-        return read()
-    except UnparsableOutput:
-        return read()
 
 
 class SlurmCli:
@@ -152,17 +139,14 @@ class SlurmCli:
             return False
 
     def nodes(self) -> list[SlurmNode]:
-        return twice(lambda: parse_nodes(self._run("scontrol", "show", "nodes", "--json")))
+        return parse_nodes(self._run("scontrol", "show", "nodes", "--json"))
 
     def job(self, job_id: int) -> JobInfo | None:
-        def read() -> JobInfo | None:
-            try:
-                res = self.p.exec(self.controller, bounded(["scontrol", "show", "job", "--json", str(int(job_id))]))
-            except EngineError as e:
-                raise OperationFailed(f"scontrol show job: {e}") from None
-            return next(iter(parse_jobs(res.output)), None) if res.exit_code == 0 else None
-
-        return twice(read)
+        try:
+            res = self.p.exec(self.controller, bounded(["scontrol", "show", "job", "--json", str(int(job_id))]))
+        except EngineError as e:
+            raise OperationFailed(f"scontrol show job: {e}") from None
+        return next(iter(parse_jobs(res.output)), None) if res.exit_code == 0 else None
 
     def _update(self, nodes: list[str], state: str, reason: str | None = None) -> None:
         if not nodes:

@@ -366,22 +366,15 @@ def _list(doc: dict, key: str) -> list[dict]:
     return [i for i in items if isinstance(i, dict)]
 
 
-class UnparsableOutput(OperationFailed):
-    """A Slurm command's output that is not one whole JSON document. Slurm prints whole
-    documents; a read can lose the start of an exec's output (docker-py over TCP:
-    docker/docker-py#2042; seen once on a Docker-in-Docker host), so a read-only query
-    that got one is asked again (client.py)."""
-
-
 def _load(text: str) -> dict:
     """The JSON document of a Slurm command (anything before its first '{' is skipped);
     Slurm's own errors as OperationFailed."""
     try:
         doc = json.loads(text[text.index("{") :])
     except ValueError:
-        raise UnparsableOutput(f"unexpected output from Slurm: {text[:300]!r}") from None
+        raise OperationFailed(f"unexpected output from Slurm: {text[:300]!r}") from None
     if not isinstance(doc, dict):
-        raise UnparsableOutput(f"unexpected output from Slurm: {text[:300]!r}")
+        raise OperationFailed(f"unexpected output from Slurm: {text[:300]!r}")
     errs = [e.get("description") or e.get("error") for e in doc.get("errors") or [] if isinstance(e, dict)]
     if errs and not doc.get("nodes") and not doc.get("jobs"):
         raise OperationFailed("Slurm: " + "; ".join(str(e) for e in errs))

@@ -210,6 +210,76 @@ def test_the_engines_api_version_is_read_from_its_ping_not_from_version(tiny_eng
         DockerEngine(url).containers()
 
 
+EXEC_FRAMES = b"".join(
+    [
+        bytes([1, 0, 0, 0, 0, 0, 0, 11]) + b'{"nodes": [',
+        bytes([2, 0, 0, 0, 0, 0, 0, 5]) + b"warn\n",
+        bytes([1, 0, 0, 0, 0, 0, 0, 3]) + b"]}\n",
+    ]
+)
+
+
+@pytest.fixture
+def eager_engine(tmp_path: Path) -> Iterator[tuple[str, list[bytes]]]:
+    """A unix-socket engine whose exec start sends the hijack's headers and the whole
+    multiplexed output in one write, as an engine does when the command is quick (the
+    reader then holds the output with the headers). Yields its URL and the input an exec
+    with stdin sent."""
+    stdin: list[bytes] = []
+
+    class Answer(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _send(self, head: bytes, body: bytes = b"") -> None:
+            self.wfile.write(head + b"\r\n\r\n" + body)  # one write: one segment
+
+        def _json(self, status: bytes, body: bytes) -> None:
+            self._send(
+                b"HTTP/1.1 %s\r\nContent-Type: application/json\r\nContent-Length: %d" % (status, len(body)), body
+            )
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            if self.path == "/_ping":
+                self._send(b"HTTP/1.1 200 OK\r\nAPI-Version: 1.41\r\nContent-Length: 2", b"OK")
+            else:  # exec inspect
+                self._json(b"200 OK", b'{"ExitCode": 0}')
+
+        def do_POST(self) -> None:  # noqa: N802
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+            if self.path.endswith("/start"):
+                head = b"HTTP/1.1 101 UPGRADED\r\nContent-Type: application/vnd.docker.raw-stream\r\n"
+                self._send(head + b"Connection: Upgrade\r\nUpgrade: tcp", EXEC_FRAMES)
+                if stdin:  # the command's input, until the client ends it
+                    stdin.append(self.rfile.read())
+                self.close_connection = True
+            else:  # exec create
+                stdin[:] = [b""] if body.get("AttachStdin") else []
+                self._json(b"201 Created", b'{"Id": "e1"}')
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    path = tmp_path / "eager.sock"
+    srv = _UnixHttp(str(path), Answer)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"unix://{path}", stdin
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_an_execs_output_sent_with_the_headers_is_all_read(eager_engine: tuple[str, list[bytes]]) -> None:
+    """docker-py reads a hijacked exec from the socket under http.client's buffered reader,
+    so what came with the headers was lost (docker/docker-py#2042: `scontrol --json` seen
+    without its start); hp reads through the reader."""
+    url, stdin = eager_engine
+    e = DockerEngine(url)
+    assert e.exec("c1", ["scontrol"]).output == '{"nodes": [warn\n]}\n'
+    h = e.exec_stream("c1", ["scontrol"])
+    assert list(h.chunks) == [(b'{"nodes": [', None), (None, b"warn\n"), (b"]}\n", None)]
+    assert e.exec("c1", ["cat"], stdin=b"input").output == '{"nodes": [warn\n]}\n'
+    assert stdin == [b"", b"input"]
+
+
 @pytest.mark.parametrize(
     "exc, kind, status",
     [
@@ -690,10 +760,19 @@ def test_read_image_file_uses_a_throwaway_container_and_always_removes_it() -> N
 
 
 # -- exec ----------------------------------------------------------------------------
+def frame(stream: int, data: bytes) -> bytes:
+    """One frame of Docker's multiplexed exec stream (1: stdout, 2: stderr)."""
+    return bytes([stream, 0, 0, 0]) + len(data).to_bytes(4, "big") + data
+
+
 def test_exec_collects_merged_output_and_the_exit_code() -> None:
     rec = fx("exec")["plain"]
+    assert b64(rec["exec_start_b64"]) == b"to-out\nto-err\n"  # docker-py's merged answer for these frames
+    raw = frame(1, b"to-out\n") + frame(2, b"to-err\n")
     e, api = engine(
-        exec_create=rec["exec_create"], exec_start=b64(rec["exec_start_b64"]), exec_inspect=rec["exec_inspect"]
+        exec_create=rec["exec_create"],
+        exec_start=lambda *a, **k: SimpleNamespace(_sock=RawSocket(raw)),
+        exec_inspect=rec["exec_inspect"],
     )
     res = e.exec("c1", rec["cmd"], user="hpuser", workdir="/home/hpuser", environment={"A": "1"})
     assert (res.exit_code, res.output) == (4, "to-out\nto-err\n")
@@ -701,7 +780,7 @@ def test_exec_collects_merged_output_and_the_exit_code() -> None:
         ("c1", rec["cmd"]),
         {"user": "hpuser", "workdir": "/home/hpuser", "environment": {"A": "1"}, "stdin": False},
     )
-    assert api.called("exec_start")[0] == ((rec["exec_create"]["Id"],), {})
+    assert api.called("exec_start")[0] == ((rec["exec_create"]["Id"],), {"socket": True})
     api.answers["exec_inspect"] = {**rec["exec_inspect"], "ExitCode": None}  # still running / unknown
     assert e.exec("c1", ["true"]).exit_code == -1
 
@@ -713,6 +792,7 @@ class RawSocket:
         self.data, self.step = data, step
         self.sent = b""
         self.shut: int | None = None
+        self.closed = False
 
     def sendall(self, b: bytes) -> None:
         self.sent += b
@@ -723,6 +803,9 @@ class RawSocket:
     def recv(self, n: int) -> bytes:
         out, self.data = self.data[: min(n, self.step)], self.data[min(n, self.step) :]
         return out
+
+    def close(self) -> None:
+        self.closed = True
 
 
 def test_exec_with_stdin_writes_it_closes_input_and_demultiplexes_the_answer() -> None:
@@ -750,15 +833,17 @@ def test_exec_in_a_stopped_container_is_a_409() -> None:
 
 def test_exec_stream_yields_the_demuxed_chunks_and_its_exit_code() -> None:
     rec = fx("exec")["stream"]
-    chunks = [(b64(o) if o else None, b64(x) if x else None) for o, x in rec["chunks_b64"]]
+    chunks = [(b64(o) if o else None, b64(x) if x else None) for o, x in rec["chunks_b64"]]  # docker-py's demux
+    raw = RawSocket(b"".join(frame(1, o) if o else frame(2, x or b"") for o, x in chunks), step=3)
     e, api = engine(
-        exec_create=rec["exec_create"], exec_start=lambda *a, **k: iter(chunks), exec_inspect=rec["exec_inspect"]
+        exec_create=rec["exec_create"], exec_start=SimpleNamespace(_sock=raw), exec_inspect=rec["exec_inspect"]
     )
     h = e.exec_stream("c1", rec["cmd"], user="hpuser")
     assert h.id == rec["exec_create"]["Id"]
-    assert api.called("exec_start")[0] == ((h.id,), {"stream": True, "demux": True})
+    assert api.called("exec_start")[0] == ((h.id,), {"socket": True})
     got = list(h.chunks)
-    assert b"".join(o for o, _ in got if o) == b"a\nc\n" and b"".join(x for _, x in got if x) == b"b\n"
+    assert got == chunks  # frame by frame, though the socket gave 3 bytes a read
+    assert raw.closed
     assert e.exec_exit_code(h) == 0
     api.answers["exec_inspect"] = {"ExitCode": None}
     assert e.exec_exit_code(ExecHandle(iter(()), "x")) == -1
