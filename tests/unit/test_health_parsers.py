@@ -18,7 +18,7 @@ from orchestrator.health.tools.iperf import (
     parse_iperf3,
     run_verdict,
 )
-from orchestrator.health.tools.mpi import judge_mpi_allreduce, parse_mpi_allreduce
+from orchestrator.health.tools.mpi import judge_mpi_allreduce, mpirun, parse_mpi_allreduce, subnet_of
 from orchestrator.health.tools.stress import explain_cpu_time, judge_stress, parse_stress_ng, stress_ng_exit_reason
 from orchestrator.verdict import ParseError
 
@@ -673,3 +673,21 @@ def test_a_stress_run_the_kernel_killed_is_no_verdict():
     bad = fx("stress-ng-0.15.06-child-sigkill.log") + "@@HP-STRESS-YAML@@\n@@HP-STRESS-RC=2\n"
     v = judge(nano, bad, 1.0, [])
     assert not v.passed and not v.not_run
+
+
+# what `ip -o -4 addr show dev eth0` printed in a check container on this machine (its
+# interface index 33753: past int16, where PRRTE's include list by name matched nothing)
+IP_ADDR_ETH0 = (
+    "33753: eth0    inet 192.168.80.7/20 brd 192.168.95.255 scope global eth0\\"
+    "       valid_lft forever preferred_lft forever\n"
+)
+
+
+def test_mpi_uses_the_clusters_subnet_for_its_transport_and_names_no_interface() -> None:
+    assert subnet_of(IP_ADDR_ETH0) == "192.168.80.0/20"
+    assert subnet_of("") is None and subnet_of('Device "eth0" does not exist.') is None
+    argv = mpirun(["a", "b"], "ssh", ["prog"], subnet_of(IP_ADDR_ETH0))
+    assert argv[argv.index("btl_tcp_if_include") + 1] == "192.168.80.0/20"
+    assert "eth0" not in argv and not any("oob_tcp_if" in a for a in argv)  # PRRTE's own: its default
+    plain = mpirun(["a", "b"], "ssh", ["prog"])
+    assert plain[-1] == "prog" and not any("if_include" in a for a in plain)

@@ -103,7 +103,7 @@ def iperf_ring(
 
 def mpi_allreduce(cluster: Cluster, cars: list[sidecar.Sidecar]) -> tuple[Verdict, str]:
     hosts = [c.node for c in cars]
-    cmd = mpi.command(hosts, SSH)
+    cmd = mpi.command(hosts, SSH, mpi.subnet_of(sidecar.run(cluster, cars[0], mpi.ADDRESS_COMMAND).output))
     r = sidecar.run(cluster, cars[0], cmd)
     v = mpi.judge_mpi_allreduce(
         mpi.parse_mpi_allreduce(r.output), expected_size=len(hosts), expected_hosts=hosts, exit_code=r.exit_code
@@ -115,7 +115,7 @@ def nccl_allreduce(cluster: Cluster, cars: list[sidecar.Sidecar], itype: Instanc
     """nccl-tests all_reduce_perf over MPI, from the nccl-tests binary (HP_NCCL_TESTS_BIN)."""
     hosts = [c.node for c in cars]
     binary = os.environ.get("HP_NCCL_TESTS_BIN", "/usr/local/bin/all_reduce_perf")
-    cmd = mpi.mpirun(hosts, SSH, nccl.command(binary, itype.gpus), tcp=False)
+    cmd = mpi.mpirun(hosts, SSH, nccl.command(binary, itype.gpus))
     r = sidecar.run(cluster, cars[0], cmd)
     return nccl.run_verdict(
         r.output, r.exit_code, thresholds(itype)["NcclBusBwGbps"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -131,8 +132,17 @@ def judge_mpi_allreduce(
 BINARY = "/usr/local/bin/mpi_allreduce"
 
 
-def mpirun(hosts: list[str], rsh_agent: str, program: list[str], tcp: bool = True) -> list[str]:
-    """An Open MPI launch of one rank per host, ranks started over ssh (`rsh_agent`)."""
+def mpirun(hosts: list[str], rsh_agent: str, program: list[str], subnet: str | None = None) -> list[str]:
+    """An Open MPI launch of one rank per host, ranks started over ssh (`rsh_agent`). With
+    `subnet` (the cluster network's, from `subnet_of`), MPI's TCP transport only on it: a
+    registered host's node also has Docker's gateway bridge, the same subnet on every host.
+
+    PRRTE's own traffic (out-of-band) is left to its default. Its include list compares an
+    interface's kernel index as a 16-bit signed number (pmix_ifnametokindex returns int16_t;
+    a subnet is first resolved to a name), so on a Docker host that has made more than 32767
+    interfaces (each container start makes a veth pair) `oob_tcp_if_include eth0` matched
+    nothing and mpirun exited 213 ("No network interfaces were found for out-of-band
+    communications"): every healthy node failed the check."""
     argv = [
         "mpirun",
         "--allow-run-as-root",
@@ -146,20 +156,22 @@ def mpirun(hosts: list[str], rsh_agent: str, program: list[str], tcp: bool = Tru
         "plm_rsh_agent",
         rsh_agent,
     ]
-    if tcp:
-        argv += [
-            "--mca",
-            "btl",
-            "tcp,self",
-            "--mca",
-            "btl_tcp_if_include",
-            "eth0",
-            "--mca",
-            "oob_tcp_if_include",
-            "eth0",
-        ]
+    if subnet:
+        argv += ["--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", subnet]
     return argv + program
 
 
-def command(hosts: list[str], rsh_agent: str, count: int = 65536) -> list[str]:
-    return mpirun(hosts, rsh_agent, [BINARY, str(int(count))])
+_INET = re.compile(r"\binet (\d+\.\d+\.\d+\.\d+/\d+)")
+
+# run in a check container (the node's network namespace): its address on the cluster's network
+ADDRESS_COMMAND = ["ip", "-o", "-4", "addr", "show", "dev", "eth0"]
+
+
+def subnet_of(ip_output: str) -> str | None:
+    """The subnet of the first IPv4 address in `ip -o -4 addr` output ("10.0.1.0/24"); None without one."""
+    m = _INET.search(ip_output)
+    return str(ipaddress.ip_interface(m.group(1)).network) if m else None
+
+
+def command(hosts: list[str], rsh_agent: str, subnet: str | None, count: int = 65536) -> list[str]:
+    return mpirun(hosts, rsh_agent, [BINARY, str(int(count))], subnet)
