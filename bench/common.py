@@ -295,8 +295,14 @@ def started(p: DockerProvider, ids: list[str], spec: ContainerSpec, at: str = "/
 def bench_network(p: DockerProvider, net: str) -> Iterator[list[str]]:
     """A bridge network of the bench's own (made on entry), and the list of the containers
     made on it: all removed on the way out (the network left, with a warning, when Docker
-    still counts endpoints on it)."""
+    still counts endpoints on it after NETWORK_BUSY_S; the next bench run removes it)."""
     ids: list[str] = []
+    for left in p.api.networks(filters={"label": "io.hp.bench"}):  # an earlier run's, once Docker let go of it
+        if not p.api.inspect_network(left["Id"]).get("Containers"):
+            try:
+                remove_network(p, left["Id"])
+            except EngineError as e:
+                print(f"warning: an earlier bench's network is still left: {e}", file=sys.stderr)
     try:
         p.api.create_network(net, driver="bridge", labels={"io.hp.bench": net})
         yield ids
