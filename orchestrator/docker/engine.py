@@ -930,35 +930,25 @@ class _Hijacked:
 
 
 def _frames(conn: Any) -> Iterator[tuple[bytes | None, bytes | None]]:
-    """Docker's multiplexed stream as it comes: (stdout, None) or (None, stderr) per frame."""
+    """Docker's multiplexed stream as it comes: (stdout, None) or (None, stderr) per frame
+    (a frame cut short by the end: what came of it; a torn header: nothing)."""
     buf = b""
     try:
         while True:
             chunk = conn.recv(65536)
-            if not chunk:
-                return
             buf += chunk
-            while len(buf) >= 8:
+            while len(buf) > 8:
                 size = int.from_bytes(buf[4:8], "big")
-                if len(buf) < 8 + size:
+                if len(buf) < 8 + size and chunk:
                     break
                 stream, data, buf = buf[0], buf[8 : 8 + size], buf[8 + size :]
                 yield (data, None) if stream != 2 else (None, data)
+            if not chunk:
+                return
     finally:
         conn.close()
 
 
-def _read_multiplexed(sock: Any) -> bytes:
-    """Read Docker's multiplexed stream (8-byte frame headers) until EOF."""
-    data = b""
-    while True:
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        data += chunk
-    out, i = b"", 0
-    while i + 8 <= len(data):
-        size = int.from_bytes(data[i + 4 : i + 8], "big")
-        out += data[i + 8 : i + 8 + size]
-        i += 8 + size
-    return out
+def _read_multiplexed(conn: Any) -> bytes:
+    """Docker's multiplexed stream read until its end, its streams merged."""
+    return b"".join(out or err or b"" for out, err in _frames(conn))

@@ -857,6 +857,7 @@ def test_read_multiplexed_and_exit_code_parsing() -> None:
     assert _read_multiplexed(RawSocket(raw, step=3)) == b"hello stdin\ndone\n"
     assert _read_multiplexed(RawSocket(raw + b"\x01\x00\x00")) == b"hello stdin\ndone\n"  # a torn header: ignored
     assert _read_multiplexed(RawSocket(b"")) == b""
+    assert _read_multiplexed(RawSocket(frame(1, b"whole\n") + frame(2, b"cut short")[:-5])) == b"whole\ncut "
     statuses = {c["Names"][0]: c["Status"] for c in fx("containers")["containers"]}
     assert _exit_code(statuses["/ut-rec-cpu-2"]) == 3
     assert _exit_code(statuses["/ut-rec-cpu-1"]) == 0  # "Up 1 second"
