@@ -313,7 +313,8 @@ def test_stress_check_on_a_cgroup_holding_page_cache_passes_a_healthy_node(hp, t
     with what else its cgroup holds. The check container here first holds 200 MiB of page
     cache in its 256 MiB cgroup; the memory stressor is sized from what the cgroup really
     has (the largest size hp takes on such a node, 192M, is cut), and the node passes.
-    A run the kernel still kills is no verdict (unit tests, on a real run's output)."""
+    A run the kernel still kills is no verdict (unit tests, on a real run's output). The
+    cache is reclaimed before the timed run (stress.room_command), not during it."""
     from orchestrator import assembly
     from orchestrator.core.context import Cluster
     from orchestrator.health.requests import sidecar
@@ -342,5 +343,9 @@ def test_stress_check_on_a_cgroup_holding_page_cache_passes_a_healthy_node(hp, t
     for size, (v, notes, took, mem) in results.items():
         print(f"{size}: passed={v.passed} in {took:.1f} s, cache {mem.file / 2**20:.0f} MiB; {notes} {v.reasons}")
         assert v.passed and not v.not_run, (size, v.reasons)
-    assert results["64M"][1] == []  # 64M fits beside reclaimable cache: as asked
+    # 64M fits beside reclaimable cache: as asked; the cache is reclaimed before the timed
+    # run (without that, the memory stressor did 0 bogo-ops in ~1 run in 20 under load)
+    assert [n.partition(" (")[0] for n in results["64M"][1]] == [
+        "note: page cache reclaimed before the run, not during it"
+    ]
     assert any("memory stressor cut to" in n for n in results["192M"][1]), results["192M"][1]

@@ -644,6 +644,34 @@ def test_memory_stressor_is_sized_from_what_the_container_has():
         vm_bytes_for(StressOptions(vm_bytes="16M; echo x"), cached, 1)
 
 
+def test_the_page_cache_is_reclaimed_before_the_timed_run_not_during_it():
+    """The real run (cpu.nano, 0.05 CPU, 200 MiB of clean page cache in 256 MiB, host
+    under load): the memory stressor's first pass reclaimed in the kernel for 8.2 s of a
+    2 s run and did 0 bogo-ops, so the healthy node failed. hp now takes the room first."""
+    from orchestrator.health.tools.stress import (
+        HEADROOM_PER_CPU_BYTES,
+        CgroupMemory,
+        judge,
+        parse_cgroup_memory,
+        room_command,
+    )
+    from orchestrator.spec.catalogue import InstanceType
+
+    nano = InstanceType("cpu.nano", 1, 0.05, 256)
+    out = fx("hp-stress-trixie-cgroup1-vm-reclaim-0-ops.txt")
+    v = judge(nano, out, 0.05, [], parse_cgroup_memory(out), 0)
+    assert not v.passed and v.reasons == ["stressor vm did no work (0 bogo-ops)"] and not v.not_run
+    cached = parse_cgroup_memory(fx("hp-stress-trixie-cgroup1-page-cache-220M.txt"))
+    cmd = room_command(64 * 2**20, cached, 1)
+    assert cmd is not None and cmd[0] == "stress-ng" and "--vm-populate" in cmd
+    assert cmd[cmd.index("--vm-bytes") + 1] == str(64 * 2**20 + HEADROOM_PER_CPU_BYTES)  # digits, no shell
+    free = CgroupMemory(limit=256 * 2**20, usage=20 * 2**20, file=10 * 2**20)
+    assert room_command(64 * 2**20, free, 1) is None  # the room is free already: nothing to do
+    assert room_command(210 * 2**20, free, 1) is not None
+    assert room_command("5%", cached, 1) is None and room_command(64 * 2**20, None, 1) is None
+    assert room_command(64 * 2**20, CgroupMemory(limit=None, usage=2**30), 1) is None
+
+
 def test_a_stress_run_the_kernel_killed_is_no_verdict():
     """The real run (cgroup v1, trixie's stress-ng): the cgroup ran out of memory while
     stress-ng ran, the OOM killer killed 8 processes and stress-ng itself (exit 137)."""

@@ -36,6 +36,7 @@ from ..tools.stress import (
     cpu_instances,
     judge,
     parse_cgroup_memory,
+    room_command,
     stress_command,
     vm_bytes_for,
 )
@@ -210,10 +211,17 @@ class Engine:
         action is the GPU findings' when the GPU check failed ("" otherwise: reboot,
         re-check, replace)."""
         before = parse_cgroup_memory(sidecar.run(self.c, sc, MEMORY_COMMAND).output)
-        vm_bytes, sizing = vm_bytes_for(self.opts.stress, before, cpu_instances(sc.limits.granted_cpus))
+        cpus = cpu_instances(sc.limits.granted_cpus)
+        vm_bytes, sizing = vm_bytes_for(self.opts.stress, before, cpus)
+        room = ""
         if vm_bytes is None:
             v, out = Verdict(False, [sizing], not_run=sizing), sizing
         else:
+            if before is not None and (make_room := room_command(vm_bytes, before, cpus)):
+                t0 = time.monotonic()
+                rc = sidecar.run(self.c, sc, make_room).exit_code
+                room = f"page cache reclaimed before the run, not during it ({time.monotonic() - t0:.1f} s{f', exit {rc}' if rc else ''}): {before.describe()}"
+                before = parse_cgroup_memory(sidecar.run(self.c, sc, MEMORY_COMMAND).output)  # what the run starts from
             res = sidecar.run(self.c, sc, stress_command(self.opts.stress, sc.limits.granted_cpus, vm_bytes))
             out = res.output
             v = judge(itype, out, sc.limits.granted_cpus, [], before, res.exit_code)
@@ -222,7 +230,7 @@ class Engine:
                 return Verdict(False, short + v.reasons), out, "", [], []
             return v, out, "", [], []
         v.reasons += grant_problems(itype, sc.limits, v.figures.get("cpus_used_total"))
-        action, notes, condemned = "", [f"note: {sizing}"] if sizing else [], []
+        action, notes, condemned = "", [f"note: {n}" for n in (sizing, room) if n], []
         if itype.gpus:
             node = self.c.node_containers().get(sc.node)
             if node is None:
