@@ -148,12 +148,14 @@ def first_job_floor() -> float:
     (accounting on, hp's DEFAULT_SPEC and catalogue) with plain docker-py: the same images,
     slurm.conf, slurmdbd.conf, database SQL, limits and volumes (the database's and
     slurmctld's state; /home shared by the nodes) as hp's, no orchestration. The fastest
-    order found (3 runs each, first srun): the database, slurmdbd and the controller
-    created and started at once on threads, and the nodes as soon as the database's
-    start returned, each started as it is made (2.3-3.1 s; every container at once:
-    3.4-3.8 s; the nodes after the controller's start: 2.6-3.2 s; after all three:
-    2.9 s). Each entry waits for the daemon it needs (slurmdbd for MariaDB, slurmctld for
-    slurmdbd, the nodes for slurmctld). Slurm polled every 0.05 s until 4 nodes are idle,
+    order found (3 runs each, first srun, when the database and slurmdbd had a container
+    each): the services and the controller created and started at once on threads, and
+    the nodes as soon as the database's start returned, each started as it is made
+    (2.3-3.1 s; every container at once: 3.4-3.8 s; the nodes after the controller's
+    start: 2.6-3.2 s; after all three: 2.9 s). Now accounting is one container (MariaDB
+    and slurmdbd) and the nodes begin once its start returned. Each entry waits for the
+    daemon it needs (slurmdbd for MariaDB, slurmctld for slurmdbd, the nodes for
+    slurmctld). Slurm polled every 0.05 s until 4 nodes are idle,
     then `srun -N4 hostname` as hpuser on the login node through docker exec (again at
     once should it fail). The same work as hp's default create and first job, minus hp
     itself (Python, imports, checks, state, events, the agent)."""
@@ -174,38 +176,35 @@ def first_job_floor() -> float:
     try:
         with bench_network(p, net) as ids:
 
-            def make(role: str, host: str, image: str, files: dict, **kw: object) -> str:
+            def make(host: str, image: str, files: dict[str, dict], **kw: object) -> str:
                 spec = ContainerSpec(name=f"{net}-{host}", image=image, hostname=host, labels=lab, network=net, **kw)
-                return started(p, ids, spec, "/etc/mysql" if role == "database" else "/etc/slurm", files)
+                return started(p, ids, spec, files)
 
-            def service(role: str) -> str:
-                cpus, mib = LIMITS[role]
-                files = (
-                    {"hp-init.sql": (init_sql(password), 0o600, 0)}
-                    if role == "database"
-                    else {
+            def accounting() -> str:
+                cpus, mib = LIMITS["accounting"]
+                files = {
+                    "/etc/slurm": {
                         "slurm.key": (key, 0o600, SLURM_UID),
                         "slurmdbd.conf": (slurmdbd_conf(spec, password).encode(), 0o600, SLURM_UID),
-                    }
-                )
+                    },
+                    "/etc/mysql": {"hp-init.sql": (init_sql(password), 0o600, 0)},
+                }
                 return make(
-                    role,
-                    SERVICE_HOSTS[role],
-                    imgs[role],
+                    SERVICE_HOSTS["accounting"],
+                    imgs["accounting"],
                     files,
                     environment={"HP_CLUSTER": name, "HP_CONTROLLER": ctl},
                     cpu_limit=cpus,
                     memory_bytes=mib * 2**20,
-                    volumes={vols["db"]: "/var/lib/mysql"} if role == "database" else {},
+                    volumes={vols["db"]: "/var/lib/mysql"},
                 )
 
             def controller() -> str:
                 t = cat[spec.controller.InstanceType]
                 return make(
-                    "controller",
                     ctl,
                     imgs["controller"],
-                    {"slurm.conf": (conf, 0o644, 0), "slurm.key": (key, 0o600, SLURM_UID)},
+                    {"/etc/slurm": {"slurm.conf": (conf, 0o644, 0), "slurm.key": (key, 0o600, SLURM_UID)}},
                     cpu_limit=t.cpu_limit,
                     memory_bytes=t.memory_mib * 2**20,
                     volumes={vols["state"]: "/var/spool/slurmctld"},
@@ -218,10 +217,9 @@ def first_job_floor() -> float:
                 if not login:
                     env["HP_SLURMD_CONF"] = slurmd_conf(t, group)
                 return make(
-                    "node",
                     node_name(group, i),
                     imgs["login" if login else "worker"],
-                    {"slurm.key": (key, 0o600, 0)},
+                    {"/etc/slurm": {"slurm.key": (key, 0o600, 0)}},
                     environment=env,
                     cpu_limit=t.cpu_limit,
                     memory_bytes=t.memory_mib * 2**20,
@@ -235,14 +233,13 @@ def first_job_floor() -> float:
                 for i in range(1, g.InstanceCount + 1)
             ]
             with ThreadPoolExecutor(32) as ex:
-                db = ex.submit(service, "database")
-                dbd = ex.submit(service, "accounting")
+                dbd = ex.submit(accounting)
                 c = ex.submit(controller)
-                db.result()  # the nodes' starts would slow the chain's: they begin once the database started
+                dbd.result()  # the nodes' starts would slow the chain's: they begin once accounting's started
                 made = [ex.submit(node, g, i) for g, i in nodes]
                 login = next(f.result() for (g, _), f in zip(nodes, made, strict=True) if g.node_type == "Login")
                 slurm = Slurm(p, c.result())
-                db.result(), dbd.result(), [f.result() for f in made]
+                [f.result() for f in made]
             want = sum(g.InstanceCount for g in spec.compute)
             while sum(1 for x in slurm.nodes() if x.usable) < want:
                 time.sleep(0.05)
@@ -280,13 +277,13 @@ def start_floor(n: int) -> float:
         return time.monotonic() - t0
 
 
-def started(p: DockerProvider, ids: list[str], spec: ContainerSpec, at: str = "/", files: dict | None = None) -> str:
+def started(p: DockerProvider, ids: list[str], spec: ContainerSpec, files: dict[str, dict] | None = None) -> str:
     """A floor's container: created (noted in `ids`, for bench_network to remove), its
-    files put under `at`, started."""
+    files put (directory -> files), started."""
     cid = p.create_container(spec)
     ids.append(cid)
-    if files:
-        p.put_files(cid, at, files)
+    for at, fs in (files or {}).items():
+        p.put_files(cid, at, fs)
     p.start(cid)
     return cid
 

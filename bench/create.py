@@ -48,7 +48,7 @@ from common import (
 
 from orchestrator.core.lifecycle import took
 from orchestrator.naming import container_name
-from orchestrator.services.accounting import READY
+from orchestrator.services.accounting import DATABASE_READY, READY
 from orchestrator.spec.catalogue import load_catalogue
 
 
@@ -99,11 +99,13 @@ def first_srun(home: str) -> tuple[float, list[tuple[float, str, str]]]:
 
 # what each daemon says when it first answers (its container's log, Docker's timestamps)
 FIRST_ANSWER = {
-    "database": (READY["database"].pattern, "MariaDB ready for connections"),
-    "accounting": (READY["accounting"].pattern, "slurmdbd started"),
-    "controller": (r"Running as primary controller", "slurmctld serving"),
-    "login": (r"sackd: running", "sackd running"),
-    "worker": (r"slurmd started on", "slurmd started"),
+    "accounting": [
+        (DATABASE_READY.pattern, "MariaDB ready for connections"),
+        (READY["accounting"].pattern, "slurmdbd started"),
+    ],
+    "controller": [(r"Running as primary controller", "slurmctld serving")],
+    "login": [(r"sackd: running", "sackd running")],
+    "worker": [(r"slurmd started on", "slurmd started")],
 }
 
 
@@ -121,12 +123,10 @@ def critical_path(
         who = c.node or c.role
         ev.append((timestamp(d["Created"]) - wall0, f"{who}: container created", "hp's create call"))
         ev.append((timestamp(d["State"]["StartedAt"]) - wall0, f"{who}: container started", "its start call"))
-        if c.role in FIRST_ANSWER:
-            pattern, what = FIRST_ANSWER[c.role]
-            for line in p.api.logs(c.id, timestamps=True).decode(errors="replace").splitlines():
-                if re.search(pattern, line):
-                    ev.append((timestamp(line.split()[0]) - wall0, f"{who}: {what}", "the daemon's boot"))
-                    break
+        lines = p.api.logs(c.id, timestamps=True).decode(errors="replace").splitlines()
+        for pattern, what in FIRST_ANSWER.get(c.role, []):
+            if first := next((line for line in lines if re.search(pattern, line)), None):
+                ev.append((timestamp(first.split()[0]) - wall0, f"{who}: {what}", "the daemon's boot"))
     ev.append((returned, "hp create returned (InService)", "nodes idle in Slurm, polled"))
     ev.append((first_job, "first srun -N4 succeeded", "hp exec, srun"))
     return sorted(ev)

@@ -25,7 +25,8 @@ ROLE_BY_NODE_TYPE = {"Controller": "controller", "Login": "login", "Compute": "w
 # Cluster services (not Slurm nodes): role -> the container's hostname (its alias on the
 # cluster's network, the name slurm.conf and slurmdbd.conf use). A node's name always
 # ends in -<index>, so none of these can be a node's.
-SERVICE_HOSTS = {"database": "mariadb", "accounting": "slurmdbd", "rest": "slurmrestd"}
+# Accounting is one container: slurmdbd and its MariaDB (images/node/hp-entry).
+SERVICE_HOSTS = {"accounting": "slurmdbd", "rest": "slurmrestd"}
 
 
 def labels(
@@ -92,12 +93,12 @@ def shared_volume(cluster: str) -> str:
 
 
 def service_container(cluster: str, role: str) -> str:
-    """A cluster service's container: hp-<cluster>-mariadb, -slurmdbd, -slurmrestd."""
+    """A cluster service's container: hp-<cluster>-slurmdbd, -slurmrestd."""
     return container_name(cluster, SERVICE_HOSTS[role])
 
 
 def database_volume(cluster: str) -> str:
-    """The accounting database's data (MariaDB's datadir)."""
+    """The accounting database's data (MariaDB's datadir, in slurmdbd's container)."""
     return f"hp-{cluster}-db"
 
 

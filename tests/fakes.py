@@ -10,9 +10,10 @@
 - FakeSlurm: the Slurm interface (orchestrator.slurm.client) as a dict of nodes. Worker
   containers that start register in it (with the drain their slurmd --conf asks for)
   when `auto_register` is on, as slurmd would. Accounting answers from `acct_ping` (or,
-  by default, from the services' containers: slurmdbd running and the database too).
-- service_started(p): the cluster services' containers say they are ready in their log
-  when they start (MariaDB's "ready for connections", slurmdbd's "... started").
+  by default, from the services' containers: slurmdbd's, with its database, running).
+- service_started(p): accounting's container says in its log, when it starts, what its
+  two daemons say when ready (MariaDB's "ready for connections", then slurmdbd's "...
+  started").
 - FakeAgents: agent process control that starts nothing.
 - world(): an Env wired with all three and a private Store; multi_world(): the same
   over a MultiHostProvider of several fake engines (registered hosts h1, h2, ...), the
@@ -490,39 +491,15 @@ def gpu_host(p: FakeProvider, n: int = 1, runtime: bool = False) -> None:
     p.run_handler = handler
 
 
-READY_LINES = {"database": "mariadbd: ready for connections.", "accounting": "slurmdbd version 24.11.5 started"}
+READY_LINES = {"accounting": "mariadbd: ready for connections.\nslurmdbd version 24.11.5 started"}
 
 
 def service_started(p: FakeProvider) -> Callable[[FakeContainer], None]:
-    """A cluster service's container says it is ready, as the real ones do: slurmdbd
-    only once its cluster's database runs and said it is ready (its entry waits for the
-    database to answer: a slurmdbd started first says so when its log is next read
-    after the database's line)."""
-
-    def db_ready(cluster: str | None) -> bool:
-        return any(
-            x.spec.labels.get("io.hp.role") == "database"
-            and x.spec.labels.get(L_CLUSTER) == cluster
-            and x.state == "running"
-            and READY_LINES["database"] in x.logs
-            for x in p.containers_.values()
-        )
-
-    def catch_up(c: FakeContainer) -> None:
-        with p.lock:
-            if c in waiting and c.state == "running" and db_ready(c.spec.labels.get(L_CLUSTER)):
-                waiting.remove(c)
-                c.logs += READY_LINES["accounting"] + "\n"
-
-    waiting: list[FakeContainer] = []
-    p.on_logs.append(catch_up)
+    """A cluster service's container says it is ready, as the real ones do (accounting's:
+    its database, then slurmdbd)."""
 
     def hook(c: FakeContainer) -> None:
-        role = c.spec.labels.get("io.hp.role", "")
-        if role == "accounting" and not db_ready(c.spec.labels.get(L_CLUSTER)):
-            waiting.append(c)
-            return
-        if line := READY_LINES.get(role):
+        if line := READY_LINES.get(c.spec.labels.get("io.hp.role", "")):
             c.logs += line + "\n"
 
     return hook
@@ -664,8 +641,6 @@ class FakeSlurm:
         }
         if roles.get("accounting") != "running":
             return AccountingPing(False, False, True, "")
-        if roles.get("database") != "running":
-            return AccountingPing(False, True, False, "error: Unable to connect to database")
         return AccountingPing(True, False, False, "slurmdbd answers")
 
     def sacct(self, job_ids: list[int], container: str | None = None) -> list[AcctJob]:
@@ -729,7 +704,7 @@ class World:
     home: Path
 
 
-NODE_IMAGE_NAMES = ("controller", "login", "worker", "accounting", "rest", "database", "check-cpu")
+NODE_IMAGE_NAMES = ("controller", "login", "worker", "accounting", "rest", "check-cpu")
 
 
 def world(tmp_path: Path, cpus: int = 8, memory_mib: int = 16384, build: bool = True) -> World:

@@ -1,10 +1,10 @@
 """`hp create`: a list of named actions (as kind's create), with progress reported per
 action and per group, and one rollback path.
 
-The actions: network, volumes and key; the controller (with Accounting the database's
-and slurmdbd's containers made and started on threads while the controller's is: each
-entry waits for the daemon it needs, services/accounting.py); once the database started
-(without Accounting: the controller), the login and compute nodes, recorded Queued and
+The actions: network, volumes and key; the controller (with Accounting slurmdbd's
+container, MariaDB inside, made and started on a thread while the controller's is: each
+entry waits for the daemon it needs, services/accounting.py); once that one started
+(without Accounting: the controller's), the login and compute nodes, recorded Queued and
 created through the reconciler's launch (reconciler.py: the agent's launch path) and
 started at once on a thread (their entry runs the lifecycle script, then waits for
 slurmctld to listen), GPU nodes and slurmrestd (Rest) the moment slurmctld
@@ -117,7 +117,7 @@ def image_defs(spec: ClusterSpec, catalogue: Mapping | None = None, multihost: b
     GPU check image (checks and the passive GPU monitor) when a group has GPUs; the service
     images (Accounting, Rest); with registered hosts, the /home-mounting node image and
     the file server."""
-    services = {"accounting": spec.accounting, "database": spec.accounting, "rest": spec.rest}
+    services = {"accounting": spec.accounting, "rest": spec.rest}
     defs = image_sets.NODE_IMAGES + tuple(d for d in image_sets.SERVICE_IMAGES if services[d.name])
     defs += image_sets.MULTIHOST_IMAGES if multihost else ()
     defs += image_sets.CHECK_IMAGES if any(g.OnStartDeepHealthChecks for g in spec.InstanceGroups) else ()
@@ -296,10 +296,10 @@ class Creating:
     def controller(self) -> None:
         """The daemons the nodes need, made and started at once: the controller (its
         container made here, first: its capacity before any node's, its host the services'
-        with registered hosts; started on a thread), with Accounting the database and
-        slurmdbd on threads. Each entry waits for the daemon it needs (slurmdbd for
-        MariaDB, slurmctld for slurmdbd). Returns once the first of them started (the
-        database, or without Accounting the controller): node containers started sooner
+        with registered hosts; started on a thread), with Accounting slurmdbd's (with its
+        MariaDB) on a thread. Each entry waits for the daemon it needs (slurmdbd for
+        MariaDB, slurmctld for slurmdbd). Returns once accounting's container started
+        (without Accounting the controller's): node containers started sooner
         would slow those starts (Docker starts a few containers at a time), later would
         leave Docker idle while MariaDB and slurmctld boot (bench/common.py first_job_floor)."""
         spec = self.c.spec
@@ -307,13 +307,13 @@ class Creating:
         self.progress.stage("controller", self.c.controller_node)
         cid = self._create_controller()  # first: with registered hosts the services go on its host
         if spec.accounting:
-            self.progress.stage("accounting", "database and slurmdbd, with the controller")
+            self.progress.stage("accounting", "slurmdbd and its database, with the controller")
         self.services.begin(self.conf)
         ex = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hp-controller")
         self.making_controller = ex.submit(self._start_controller, cid, self.images.get("fileserver"))
         ex.shutdown(wait=False)
         if spec.accounting:
-            self.services.database_started()
+            self.services.accounting_started()
         else:
             self.controller_started()
 

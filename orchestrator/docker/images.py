@@ -50,12 +50,11 @@ NODE_IMAGES = (
     ImageDef("login", "images/node", "login"),
     ImageDef("worker", "images/node", "worker"),
 )
-# The cluster services (Accounting, Rest in the spec): slurmdbd and slurmrestd are thin
-# targets on the node images' shared stage; MariaDB has its own stage.
+# The cluster services (Accounting, Rest in the spec): targets on the node images' shared
+# stage (accounting: slurmdbd with MariaDB and its data directory; rest: slurmrestd).
 SERVICE_IMAGES = (
     ImageDef("accounting", "images/node", "accounting"),
     ImageDef("rest", "images/node", "rest"),
-    ImageDef("database", "images/node", "database"),
 )
 CHECK_IMAGES = (ImageDef("check-cpu", "healthchecks/cpu", None),)
 # The GPU check image (CuPy, nvidia-ml-py, CUDA and NCCL wheels from PyPI: ~2.2 GB, a

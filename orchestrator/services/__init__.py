@@ -1,6 +1,6 @@
 """The cluster services beside the Slurm nodes (Accounting and Rest in the spec):
 
-- accounting.py: the MariaDB, slurmdbd and slurmrestd containers, their start at
+- accounting.py: the accounting (slurmdbd and its MariaDB) and slurmrestd containers, their start at
   create (with slurmctld's, at once: each waits for the one it needs), readiness, health (HyperPod's
   SlurmHealthMetadata: Healthy, or Unhealthy with DaemonDown / DbUnreachable) and
   restart, and the cluster's JWT key and database password (0600 in hp's state);

@@ -1,10 +1,12 @@
-"""The cluster services' containers: MariaDB (role `database`), slurmdbd (`accounting`)
-and slurmrestd (`rest`), made from hp's images like the nodes, but not Slurm nodes.
+"""The cluster services' containers: slurmdbd with its MariaDB (role `accounting`: one
+container, images/node/hp-entry runs both) and slurmrestd (`rest`), made from hp's images
+like the nodes, but not Slurm nodes.
 
-Order (measured: docs/accounting.md). The database, slurmdbd and slurmctld are started
-at once, first of a new cluster's containers, and each waits in its entry for the one it
-needs to accept connections (images/node/hp-entry: slurmdbd for MariaDB's port, slurmctld
-for slurmdbd's, a connect every 0.05 s): no round trip through hp between them. So
+Order (measured: docs/accounting.md). Accounting's container and the controller's are
+started at once, first of a new cluster's containers, and each daemon waits in its entry
+for the one it needs to accept connections (images/node/hp-entry: slurmdbd for MariaDB's
+port, slurmctld for slurmdbd's, a connect every 0.05 s): no round trip through hp
+between them. So
 slurmctld registers the cluster at its first start (no `sacctmgr add cluster`, no
 CLUSTER ID MISMATCH), and create checks that slurmdbd said "slurmdbd version ...
 started". (Started at once without those waits, slurmdbd retries the database every 5 s
@@ -15,10 +17,11 @@ Hazard: slurmctld must never be (re)started while slurmdbd is unreachable (it di
 ~20 s of retries). `ensure_up` brings accounting back first; the controller's reboot
 calls it (recovery/actions.py).
 
-The database and slurmdbd run with Docker's restart policy unless-stopped (a process
-that dies is restarted by Docker; a container killed through the engine is not: the
-agent's watch starts it again). The database's data is on a named volume, so records of
-jobs that ended before a fault are still there after it.
+Accounting's container runs with Docker's restart policy unless-stopped: when MariaDB or
+slurmdbd dies, its entry stops the other and exits, and Docker starts both again; a
+container killed through the engine is not restarted by Docker: the agent's watch starts
+it again. The database's data is on a named volume, so records of jobs that ended before
+a fault are still there after it.
 """
 
 from __future__ import annotations
@@ -52,10 +55,11 @@ log = logging.getLogger("hp")
 # host (the front, services/front.py, is the one door; issue 24)
 REST_PORT = 6820
 RESTART_POLICY = "unless-stopped"
-# (cores, MiB): the database needs at least one core's quota to boot in ~1 s (0.5: +0.7 s).
+# (cores, MiB): MariaDB needs at least one core's quota to boot in ~1 s (0.5: +0.7 s).
 # Not counted in the host's capacity (quotas are ceilings; they idle after create).
-LIMITS = {"database": (1.0, 512), "accounting": (0.5, 256), "rest": (0.25, 256)}
-READY = {"database": re.compile(r"ready for connections"), "accounting": re.compile(r"slurmdbd version \S+ started")}
+LIMITS = {"accounting": (1.0, 512), "rest": (0.25, 256)}
+READY = {"accounting": re.compile(r"slurmdbd version \S+ started")}
+DATABASE_READY = re.compile(r"ready for connections")  # MariaDB's line, in accounting's log
 READY_TIMEOUT = 60.0
 POLL_S = 0.05
 _BRINGING_BACK: dict[str, threading.Lock] = {}  # per cluster: the watch and a controller's reboot, one at a time
@@ -112,7 +116,7 @@ def controller_files(cluster: Cluster) -> dict[str, tuple[bytes, int, int]]:
 def roles(cluster: Cluster) -> list[str]:
     """The service roles the cluster's spec asks for, in start order."""
     spec = cluster.spec
-    return (["database", "accounting"] if spec.accounting else []) + (["rest"] if spec.rest else [])
+    return (["accounting"] if spec.accounting else []) + (["rest"] if spec.rest else [])
 
 
 def service_containers(cluster: Cluster, containers: list[Container] | None = None) -> dict[str, Container]:
@@ -135,20 +139,21 @@ def container_spec(cluster: Cluster, role: str, image: str) -> ContainerSpec:
         memory_bytes=mib * 2**20,
         restart_policy=RESTART_POLICY,
     )
-    if role == "database":
+    if role == "accounting":
         spec.volumes = {database_volume(cluster.name): "/var/lib/mysql"}
     if cluster.multihost:  # registered hosts: on the controller's host
         spec.host = controller_host_of(cluster)
         spec.labels[L_HOST] = spec.host
-        if role == "database":
+        if role == "accounting":
             spec.volume_labels = {database_volume(cluster.name): labels(cluster.name, "database")}
     return spec
 
 
-def files(cluster: Cluster, role: str, slurm_conf: bytes | None) -> tuple[str, dict[str, tuple[bytes, int, int]]]:
-    """(directory, files) copied into a service's container before it starts."""
-    if role == "database":
-        return "/etc/mysql", {"hp-init.sql": (init_sql(db_password(cluster)), 0o600, 0)}
+Files = dict[str, tuple[bytes, int, int]]  # name -> (content, mode, owner uid)
+
+
+def files(cluster: Cluster, role: str, slurm_conf: bytes | None) -> dict[str, Files]:
+    """directory -> files, copied into a service's container before it starts."""
     if role == "accounting":
         out = {
             "slurm.key": (cluster.key(), 0o600, SLURM_UID),
@@ -156,17 +161,17 @@ def files(cluster: Cluster, role: str, slurm_conf: bytes | None) -> tuple[str, d
         }
         if cluster.spec.rest:
             out["jwt.key"] = (jwt_key(cluster), 0o600, SLURM_UID)
-        return "/etc/slurm", out
+        return {"/etc/slurm": out, "/etc/mysql": {"hp-init.sql": (init_sql(db_password(cluster)), 0o600, 0)}}
     # rest: the controller's slurm.conf and nothing secret (tokens come with each request)
-    return "/etc/slurm", {"slurm.conf": (slurm_conf or b"", 0o644, 0)}
+    return {"/etc/slurm": {"slurm.conf": (slurm_conf or b"", 0o644, 0)}}
 
 
 def create(cluster: Cluster, role: str, image: str, slurm_conf: bytes | None = None) -> str:
     """Create (not start) a service's container with its files; its id."""
     cid = cluster.p.create_container(container_spec(cluster, role, image))
     try:
-        directory, fs = files(cluster, role, slurm_conf)
-        cluster.p.put_files(cid, directory, fs)
+        for directory, fs in files(cluster, role, slurm_conf).items():
+            cluster.p.put_files(cid, directory, fs)
     except EngineError:
         cluster.p.remove_container(cid)
         raise
@@ -188,47 +193,41 @@ def _stopped(cluster: Cluster, cid: str, role: str) -> OperationFailed | None:
     )
 
 
-def wait_ready(
-    cluster: Cluster, cid: str, role: str, marks_before: int, deadline: float, also: str | None = None
-) -> None:
+def wait_ready(cluster: Cluster, cid: str, role: str, marks_before: int, deadline: float) -> None:
     """Until the service's log says ready once more than `marks_before`; OperationFailed
-    (with its last lines) when its container stops, or the database's container `also`
-    (the service waits for it), or at the deadline."""
+    (with its last lines) when its container stops, or at the deadline."""
     looks = itertools.count(1)
     t0 = time.monotonic()
-    watched = [(cid, role)] + ([(also, "database")] if also else [])
 
     def ready() -> bool:
         if ready_marks(cluster, cid, role) > marks_before:
             return True
-        if next(looks) % 10 == 0:
-            for c, r in watched:
-                if err := _stopped(cluster, c, r):
-                    raise err
+        if next(looks) % 10 == 0 and (err := _stopped(cluster, cid, role)):
+            raise err
         return False
 
     def late(_: object) -> OperationFailed:
-        # slurmdbd waits for the database: when that never said ready, it is the one named
-        if also and not ready_marks(cluster, also, "database"):
-            who, logs = "the database (slurmdbd waits for it)", cluster.p.logs(also, tail=15)
-        else:
-            who, logs = SERVICE_HOSTS[role], cluster.p.logs(cid, tail=15)
+        logs = cluster.p.logs(cid, tail=15)
+        # slurmdbd waits for its database: when that never said ready, it is the one named
+        who = SERVICE_HOSTS[role]
+        if role == "accounting" and not DATABASE_READY.search(cluster.p.logs(cid)):
+            who = "the database (slurmdbd waits for it)"
         return OperationFailed(f"{who} was not ready within {max(deadline - t0, 0):.1f} s; last log:\n{logs}")
 
     waits.until(ready, every=POLL_S, deadline=deadline, error=late)
 
 
 class CreateServices:
-    """The services of a cluster being created: `begin` (on threads: the database's
-    container made and started; slurmdbd's made and started, then slurmrestd's made,
-    while the controller's is), `database_started`, `accounting_ready` (slurmdbd
-    started), `start_rest` (once slurmctld answers)."""
+    """The services of a cluster being created: `begin` (on threads: accounting's
+    container made and started, slurmrestd's made, while the controller's is),
+    `accounting_started`, `accounting_ready` (slurmdbd started), `start_rest` (once
+    slurmctld answers)."""
 
     def __init__(self, cluster: Cluster, images: dict[str, str]):
         self.c = cluster
         self.images = images
         self.ids: dict[str, str] = {}
-        self._database: Future[None] | None = None
+        self._accounting: Future[None] | None = None
         self._making: Future[None] | None = None
 
     @property
@@ -238,47 +237,45 @@ class CreateServices:
     def begin(self, slurm_conf: bytes) -> None:
         if self.accounting:
             db_password(self.c)
-        later = (["accounting"] if self.accounting else []) + (["rest"] if self.c.spec.rest else [])
         pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="hp-services")
         if self.accounting:
-            self._database = pool.submit(self._make, ["database"], slurm_conf)
-        if later:
-            self._making = pool.submit(self._make, later, slurm_conf)
+            self._accounting = pool.submit(self._make, "accounting", slurm_conf)
+        if self.c.spec.rest:
+            self._making = pool.submit(self._make, "rest", slurm_conf)
         pool.shutdown(wait=False)
 
-    def _make(self, roles: list[str], slurm_conf: bytes) -> None:
-        """On a thread: the database made and started, or slurmdbd made and started (its
-        entry waits for the database to answer) and slurmrestd made."""
-        for role in roles:
-            self.ids[role] = create(self.c, role, self.images[role], slurm_conf if role == "rest" else None)
-            if role in ("database", "accounting"):
-                try:
-                    self.c.p.start(self.ids[role])
-                except EngineError as e:
-                    raise OperationFailed(f"{SERVICE_HOSTS[role]}'s container could not be started: {e}") from None
+    def _make(self, role: str, slurm_conf: bytes) -> None:
+        """On a thread: accounting's container made and started (MariaDB, then slurmdbd
+        once it answers), or slurmrestd's made."""
+        self.ids[role] = create(self.c, role, self.images[role], slurm_conf if role == "rest" else None)
+        if role == "accounting":
+            try:
+                self.c.p.start(self.ids[role])
+            except EngineError as e:
+                raise OperationFailed(f"{SERVICE_HOSTS[role]}'s container could not be started: {e}") from None
 
-    def database_started(self) -> None:
-        """The database's container started (with Accounting; its error is the create's)."""
-        if self._database is not None:
-            self._database.result()
+    def accounting_started(self) -> None:
+        """Accounting's container started (with Accounting; its error is the create's)."""
+        if self._accounting is not None:
+            self._accounting.result()
 
     def _made(self) -> None:
-        self.database_started()
+        self.accounting_started()
         if self._making is not None:
             self._making.result()  # its error, if any, is the create's
 
     def settle(self) -> None:
         """Wait for the containers being made on the threads (their error is not this one's)."""
-        wait([f for f in (self._database, self._making) if f is not None])
+        wait([f for f in (self._accounting, self._making) if f is not None])
 
     def accounting_ready(self, deadline: float) -> None:
-        """slurmdbd said it started (fails fast with the last log lines of the database or
-        slurmdbd when its container stopped)."""
+        """slurmdbd said it started (fails fast with the last lines of its container's log
+        when the container stopped)."""
         if not self.accounting:
             return
         self._made()
         deadline = min(deadline, time.monotonic() + READY_TIMEOUT)
-        wait_ready(self.c, self.ids["accounting"], "accounting", 0, deadline, also=self.ids["database"])
+        wait_ready(self.c, self.ids["accounting"], "accounting", 0, deadline)
 
     def start_rest(self) -> None:
         self._made()
@@ -331,16 +328,14 @@ def database_answers(cluster: Cluster, db: Container) -> bool:
 
 
 def health(cluster: Cluster, containers: list[Container] | None = None) -> Health:
-    """Accounting's health: the containers' states first (no exec), then `sacctmgr ping`
-    from the controller (2 s at most), then the database itself when slurmdbd does not
-    answer: DbUnreachable if it does not either, else DaemonDown."""
+    """Accounting's health: its container's state first (no exec), then `sacctmgr ping`
+    from the controller (2 s at most), then the database itself (a client in the same
+    container) when slurmdbd does not answer: DbUnreachable if it does not either, else
+    DaemonDown."""
     cs = containers if containers is not None else cluster.containers()
-    svc = service_containers(cluster, cs)
-    if why := _down(svc.get("accounting"), "slurmdbd"):
+    db = service_containers(cluster, cs).get("accounting")
+    if why := _down(db, "slurmdbd"):
         return Health(UNHEALTHY, DAEMON_DOWN, why)
-    db = svc["database"] if "database" in svc else None
-    if why := _down(db, "the database"):
-        return Health(UNHEALTHY, DB_UNREACHABLE, why)
     assert db is not None
     ctl = next((c for c in cs if c.role == "controller" and c.running), None)
     ping = None
@@ -356,7 +351,7 @@ def health(cluster: Cluster, containers: list[Container] | None = None) -> Healt
     if not database_answers(cluster, db):
         return Health(UNHEALTHY, DB_UNREACHABLE, "the database does not answer")
     if ping is None:
-        return Health(HEALTHY, None, "containers running and the database answers (slurmdbd not pinged: no controller)")
+        return Health(HEALTHY, None, "container running and the database answers (slurmdbd not pinged: no controller)")
     why = "no answer within 2 s" if ping.timed_out else ping.message
     return Health(UNHEALTHY, DAEMON_DOWN, f"slurmdbd does not answer: {why}")
 
@@ -399,9 +394,9 @@ def _bring_back(cluster: Cluster, role: str, c: Container | None, deadline: floa
 
 
 def ensure_up(cluster: Cluster, timeout: float = READY_TIMEOUT, only: tuple[str, ...] | None = None) -> list[str]:
-    """Bring the cluster's services back, in order (database, slurmdbd, slurmrestd): a
-    stopped, exited or frozen container is started, a missing one made again (the
-    database on its volume). Returns what was done; OperationFailed if one does not come
+    """Bring the cluster's services back, in order (accounting, slurmrestd): a stopped,
+    exited or frozen container is started, a missing one made again (the database on its
+    volume). Returns what was done; OperationFailed if one does not come
     back in `timeout` s."""
     deadline = time.monotonic() + timeout
     with _BRINGING_BACK.setdefault(cluster.name, threading.Lock()):
@@ -432,4 +427,4 @@ def before_controller_start(cluster: Cluster, timeout: float = READY_TIMEOUT) ->
     first (OperationFailed when it does not come back)."""
     if not cluster.spec.accounting:
         return []
-    return ensure_up(cluster, timeout, only=("database", "accounting"))
+    return ensure_up(cluster, timeout, only=("accounting",))

@@ -1,8 +1,8 @@
 """The agent's watch over a cluster's services (run as `ServiceWatch(env, name).run(stop)`):
 
 - a service container that stopped (killed, exited, removed) is brought back at once,
-  in order: the database, then slurmdbd (then slurmctld may restart: recovery waits for
-  this), then slurmrestd. Docker's restart policy already restarts a process that died
+  in order: accounting (MariaDB and slurmdbd, one container; then slurmctld may
+  restart: recovery waits for this), then slurmrestd. Docker's restart policy already restarts a process that died
   inside its container; a container stopped through the engine is the watch's to start;
 - accounting's health (Healthy, or Unhealthy with DaemonDown / DbUnreachable) is checked
   every POLL_S; each change is an `hp events` entry; a service that is running but does
@@ -118,8 +118,9 @@ class ServiceWatch:
         self.unhealthy_since = self.unhealthy_since if self.unhealthy_since is not None else now
         if now - self.unhealthy_since < HUNG_AFTER_S or now < self.retry_at:
             return
-        role = "accounting" if h.reason == DAEMON_DOWN else "database"
-        self._event("Warn", f"{SERVICE_HOSTS[role]} runs but does not answer: restarting it")
+        role = "accounting"  # slurmdbd and its database: one container
+        what = "slurmdbd" if h.reason == DAEMON_DOWN else "its database"
+        self._event("Warn", f"{what} runs but does not answer: restarting {SERVICE_HOSTS[role]}'s container")
         try:
             self._event("Info", restart(self.cluster, role))
             self.unhealthy_since = None

@@ -84,7 +84,6 @@ def slurmdbd_conf(spec: ClusterSpec, db_password: str) -> str:
             cluster=spec.ClusterName,
             auth_alt=rest_lines(spec.rest),
             dbd_host=SERVICE_HOSTS["accounting"],
-            db_host=SERVICE_HOSTS["database"],
             db_password=db_password,
         )
         + "\n"

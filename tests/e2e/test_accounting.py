@@ -106,7 +106,7 @@ def test_slurmdbds_schema_came_with_the_image_and_its_build_user_did_not(lab: tu
     database user is not in it, and the cluster's tables were made by its registration."""
     h, name = lab
     eng = DockerEngine()
-    db = f"hp-{name}-mariadb"
+    db = f"hp-{name}-slurmdbd"  # MariaDB runs in slurmdbd's container
     image = eng.api.inspect_container(db)["Image"]
     c = eng.api.create_container(image, entrypoint=["ls", "/var/lib/mysql/slurm_acct_db"])
     try:
@@ -136,7 +136,7 @@ def test_containers_on_the_clusters_network_reask_arp_every_50_ms(lab: tuple[Hp,
     container with its own place on the cluster's network re-asks every 50 ms."""
     h, name = lab
     eng = DockerEngine()
-    for c in (f"hp-{name}-slurmdbd", f"hp-{name}-mariadb", f"hp-{name}-controller-1", f"hp-{name}-cpu-1"):
+    for c in (f"hp-{name}-slurmdbd", f"hp-{name}-controller-1", f"hp-{name}-cpu-1"):
         res = eng.api.exec_create(c, ["cat", "/proc/sys/net/ipv4/neigh/eth0/retrans_time_ms"])
         ms = int(eng.api.exec_start(res["Id"]).decode())
         assert 40 <= ms <= 60, (c, ms)  # in the kernel's ticks (HZ=250: 52), not its default 1000
@@ -255,26 +255,61 @@ def test_metrics_parse_and_match_sinfo(lab: tuple[Hp, str]) -> None:
     assert "slurm_jobs" in fams
 
 
-def test_database_killed_unhealthy_then_brought_back_with_the_records(lab: tuple[Hp, str]) -> None:
+def _pid_of(container: str, daemon: str) -> int:
+    """The host pid of a daemon in a container."""
+    top = DockerEngine().api.top(container)
+    cmd, pid = top["Titles"].index("CMD"), top["Titles"].index("PID")
+    return next(int(p[pid]) for p in top["Processes"] if p[cmd].startswith(daemon))
+
+
+def _healthy_again(h: Hp, name: str, what: str) -> float:
+    t0 = time.monotonic()
+    while h.json("describe", name)["SlurmHealth"][0]["Status"] != "Healthy":
+        assert time.monotonic() - t0 < 60, what
+        time.sleep(0.2)
+    return time.monotonic() - t0
+
+
+def test_a_killed_database_takes_slurmdbd_down_and_docker_brings_both_back(lab: tuple[Hp, str]) -> None:
+    """MariaDB killed (SIGKILL from the host) in accounting's container: its entry stops
+    slurmdbd and exits, and Docker's restart policy starts both again, with the agent
+    held (no help from hp); the records are still there (the volume)."""
+    h, name = lab
+    before = sh(h, name, "sacct -n -X -P -o JobID,State,ExitCode").split()
+    assert len(before) >= 2, before
+    eng, dbd = DockerEngine(), f"hp-{name}-slurmdbd"
+    restarts = eng.api.inspect_container(dbd)["RestartCount"]
+    agent = int((h.home / "clusters" / name / "agent.pid").read_text())
+    os.kill(agent, signal.SIGSTOP)
+    try:
+        os.kill(_pid_of(dbd, "mariadbd"), signal.SIGKILL)
+        took = _healthy_again(h, name, "Docker did not start MariaDB and slurmdbd again")
+        print(f"MariaDB killed -> Healthy again in {took:.1f} s (the agent held)")
+        assert eng.api.inspect_container(dbd)["RestartCount"] == restarts + 1
+        assert "hp-entry: mariadbd exited (137): stopping the other" in eng.logs(dbd)
+    finally:
+        os.kill(agent, signal.SIGCONT)
+    after = sh(h, name, "sacct -n -X -P -o JobID,State,ExitCode").split()
+    assert set(before) <= set(after), (before, after)
+
+
+def test_accounting_killed_unhealthy_then_brought_back_with_the_records(lab: tuple[Hp, str]) -> None:
     h, name = lab
     before = sh(h, name, "sacct -n -X -P -o JobID,State,ExitCode").split()
     assert len(before) >= 2, before
     agent = int((h.home / "clusters" / name / "agent.pid").read_text())
     os.kill(agent, signal.SIGSTOP)  # hold the agent, so that the fault is seen before it is repaired
     try:
-        DockerEngine().kill(f"hp-{name}-mariadb")
+        DockerEngine().kill(f"hp-{name}-slurmdbd")  # through the engine: Docker does not restart it
         doc = h.json("describe", name)
         assert doc["SlurmHealth"][0]["Status"] == "Unhealthy", doc["SlurmHealth"]
-        assert doc["SlurmHealth"][0]["Reason"] == "DbUnreachable", doc["SlurmHealth"]
+        assert doc["SlurmHealth"][0]["Reason"] == "DaemonDown", doc["SlurmHealth"]
         # jobs still run meanwhile; slurmctld keeps their records for later
         during = sh(h, name, "sbatch --parsable --wait -o /dev/null --wrap true").strip().splitlines()[-1]
     finally:
         os.kill(agent, signal.SIGCONT)
-    t0 = time.monotonic()
-    while h.json("describe", name)["SlurmHealth"][0]["Status"] != "Healthy":
-        assert time.monotonic() - t0 < 60, "the agent did not bring the database back"
-        time.sleep(0.5)
-    print(f"database killed -> Healthy again in {time.monotonic() - t0:.1f} s (agent resumed)")
+    took = _healthy_again(h, name, "the agent did not bring accounting back")
+    print(f"accounting's container killed -> Healthy again in {took:.1f} s (agent resumed)")
     after = sh(h, name, "sacct -n -X -P -o JobID,State,ExitCode").split()
     assert set(before) <= set(after), (before, after)
     deadline = time.monotonic() + 30
@@ -283,7 +318,7 @@ def test_database_killed_unhealthy_then_brought_back_with_the_records(lab: tuple
         time.sleep(1)
         after = sh(h, name, "sacct -n -X -P -o JobID,State,ExitCode").split()
     events = h("events", name, check=True).stdout
-    assert "mariadb" in events and "starting it again" in events, events
+    assert "slurmdbd" in events and "starting it again" in events, events
 
 
 def test_a_hung_slurmdbd_is_daemon_down_while_its_database_answers(lab: tuple[Hp, str]) -> None:
@@ -298,9 +333,7 @@ def test_a_hung_slurmdbd_is_daemon_down_while_its_database_answers(lab: tuple[Hp
         assert time.monotonic() - t0 < 20, "no agent"
         time.sleep(0.2)
     agent = int(pidf.read_text())
-    top = DockerEngine().api.top(f"hp-{name}-slurmdbd")  # host pids
-    cmd, pid = top["Titles"].index("CMD"), top["Titles"].index("PID")
-    dbd = next(int(p[pid]) for p in top["Processes"] if p[cmd].startswith("slurmdbd"))
+    dbd = _pid_of(f"hp-{name}-slurmdbd", "slurmdbd")
     os.kill(agent, signal.SIGSTOP)  # hold the agent, so that the fault is seen before it is repaired
     os.kill(dbd, signal.SIGSTOP)
     try:
@@ -309,10 +342,7 @@ def test_a_hung_slurmdbd_is_daemon_down_while_its_database_answers(lab: tuple[Hp
     finally:
         os.kill(dbd, signal.SIGCONT)
         os.kill(agent, signal.SIGCONT)
-    t0 = time.monotonic()
-    while h.json("describe", name)["SlurmHealth"][0]["Status"] != "Healthy":
-        assert time.monotonic() - t0 < 60, "slurmdbd did not answer again"
-        time.sleep(0.5)
+    _healthy_again(h, name, "slurmdbd did not answer again")
 
 
 def test_rest_front_is_the_only_door_from_the_host(lab: tuple[Hp, str]) -> None:

@@ -54,12 +54,12 @@ def test_create_makes_every_node_in_order_and_records_phases(tmp_path):
     w = world(tmp_path)
     make(w)
     names = [n for op, n in w.provider.calls if op == "create"]
-    # accounting (on by default): the database, slurmdbd and the controller at once; the
-    # nodes once the database started (test_services.py: the order in detail)
+    # accounting (on by default): slurmdbd's container (its database inside) and the
+    # controller at once; the nodes once slurmdbd's started (test_services.py: the order)
     assert sorted(names) == sorted(
-        ["hp-lab-mariadb", "hp-lab-slurmdbd", "hp-lab-controller-1", "hp-lab-cpu-1", "hp-lab-cpu-2", "hp-lab-login-1"]
+        ["hp-lab-slurmdbd", "hp-lab-controller-1", "hp-lab-cpu-1", "hp-lab-cpu-2", "hp-lab-login-1"]
     )
-    assert names[0] in ("hp-lab-mariadb", "hp-lab-slurmdbd", "hp-lab-controller-1")
+    assert names[0] in ("hp-lab-slurmdbd", "hp-lab-controller-1")
     assert set(phases(w, "lab").values()) == {"Running"}
     assert w.env.store.cluster("lab").status == "InService"
     assert w.agents.ensured == ["lab"]
@@ -556,7 +556,7 @@ def test_nodes_list_and_delete(tmp_path):
     assert doc["EngineReachable"] is False and "last recorded" in doc["ClusterSummaries"][0]["StatusNote"]
     w.provider.up = True
     removed = delete(w.env, "lab")
-    assert removed == {"containers": 6, "networks": 1, "volumes": 3}  # with accounting's two and its volume
+    assert removed == {"containers": 5, "networks": 1, "volumes": 3}  # with accounting's and its volume
     assert w.env.store.cluster("lab") is None and w.agents.stopped == ["lab"]
     assert ("drain", ("cpu-1", "cpu-2")) in w.slurm.calls or ("drain", ("cpu-2", "cpu-1")) in w.slurm.calls
     with pytest.raises(NotFound):

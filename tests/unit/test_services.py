@@ -71,29 +71,29 @@ def test_slurm_conf_and_slurmdbd_conf(tmp_path):
     off = render(validate(spec_doc("lab", Accounting={"Enabled": False}), cat), cat)
     assert "JobAcctGatherType=jobacct_gather/none" in off and "AccountingStorage" not in off and "jwt" not in off
     dbd = slurmdbd_conf(validate(spec_doc("lab", Rest={"Enabled": True}), cat), "pw123")
-    assert "StoragePass=pw123" in dbd and "StorageHost=mariadb" in dbd and "jwt_key=/etc/slurm/jwt.key" in dbd
+    assert "StoragePass=pw123" in dbd and "StorageHost=127.0.0.1" in dbd and "jwt_key=/etc/slurm/jwt.key" in dbd
 
 
 # -- create -----------------------------------------------------------------------------------
-def test_create_starts_the_database_slurmdbd_and_slurmctld_at_once_then_the_nodes(tmp_path):
-    # each waits in its entry for the one it needs (images/node/hp-entry), not for hp; the
-    # nodes' containers are made once the database started (theirs would slow its start)
+def test_create_starts_slurmdbd_with_its_database_and_slurmctld_at_once_then_the_nodes(tmp_path):
+    # each daemon waits in its entry for the one it needs (images/node/hp-entry), not for
+    # hp; the nodes' containers are made once accounting's started (theirs would slow it)
     w = world(tmp_path)
     c = make(w, Rest={"Enabled": True})
     order = calls(w, "create", "start")
     nodes = {f"hp-lab-{n}" for n in ("login-1", "cpu-1")}
     assert order[0] == ("create", "hp-lab-controller-1")  # its capacity before any node's (and its host)
-    db_started = order.index(("start", "hp-lab-mariadb"))
-    assert all(order.index(("create", n)) > db_started for n in nodes)
+    dbd_started = order.index(("start", "hp-lab-slurmdbd"))
+    assert all(order.index(("create", n)) > dbd_started for n in nodes)
+    assert not [n for _, n in order if "mariadb" in n]  # no container of its own
     starts = [n for _, n in calls(w, "start")]
     assert starts.index("hp-lab-controller-1") < starts.index("hp-lab-slurmrestd")
     p = w.provider
     dbd = p.node("lab", "slurmdbd")
     assert dbd.spec.restart_policy == "unless-stopped" and dbd.spec.hostname == "slurmdbd"
     assert {"/etc/slurm/slurmdbd.conf", "/etc/slurm/slurm.key", "/etc/slurm/jwt.key"} <= set(dbd.files)
-    db = p.node("lab", "mariadb")
-    assert db.spec.volumes == {"hp-lab-db": "/var/lib/mysql"} and "/etc/mysql/hp-init.sql" in db.files
-    assert db.spec.cpu_limit == 1.0
+    assert dbd.spec.volumes == {"hp-lab-db": "/var/lib/mysql"} and "/etc/mysql/hp-init.sql" in dbd.files
+    assert dbd.spec.cpu_limit == 1.0
     rest = p.node("lab", "slurmrestd")
     assert set(rest.files) == {"/etc/slurm/slurm.conf"}
     ctl = p.node("lab", "controller-1")
@@ -101,10 +101,10 @@ def test_create_starts_the_database_slurmdbd_and_slurmctld_at_once_then_the_node
     for f in ("jwt.key", "db.password"):
         assert oct((c.dir / f).stat().st_mode & 0o777) == "0o600"
     pw = accounting.db_password(c)
-    assert pw.encode() in dbd.files["/etc/slurm/slurmdbd.conf"] and pw.encode() in db.files["/etc/mysql/hp-init.sql"]
+    assert pw.encode() in dbd.files["/etc/slurm/slurmdbd.conf"] and pw.encode() in dbd.files["/etc/mysql/hp-init.sql"]
     stored = w.env.store.cluster("lab").spec
     assert stored["Accounting"] == {"Enabled": True} and stored["Rest"] == {"Enabled": True}  # fixed at create
-    assert delete(w.env, "lab") == {"containers": 7, "networks": 1, "volumes": 3}
+    assert delete(w.env, "lab") == {"containers": 6, "networks": 1, "volumes": 3}
 
 
 def test_without_accounting_the_controller_starts_at_once(tmp_path):
@@ -118,23 +118,23 @@ def test_without_accounting_the_controller_starts_at_once(tmp_path):
 def test_a_database_that_exits_at_start_fails_the_create_and_rolls_back(tmp_path):
     w = world(tmp_path)
 
-    def crash(c):
-        if c.spec.labels.get("io.hp.role") == "database":
-            c.state, c.exit_code, c.logs = "exited", 1, "mariadbd: [ERROR] Aborting\n"
+    def crash(c):  # MariaDB dies: the entry stops slurmdbd and the container exits
+        if c.spec.labels.get("io.hp.role") == "accounting":
+            c.state, c.exit_code, c.logs = "exited", 1, "mariadbd: [ERROR] Aborting\nhp-entry: mariadbd exited (1)\n"
 
     w.provider.on_start.append(crash)
-    with pytest.raises(OperationFailed, match="mariadb exited"):
+    with pytest.raises(OperationFailed, match="(?s)slurmdbd exited .*Aborting"):
         make(w)
     assert w.provider.containers("lab") == [] and w.provider.volumes("lab") == []
     assert not (w.home / "clusters" / "lab" / "db.password").exists()
 
 
-def test_a_database_that_cannot_start_fails_the_create_and_rolls_back_after_the_other_starts(tmp_path):
+def test_accounting_that_cannot_start_fails_the_create_and_rolls_back_after_the_other_starts(tmp_path):
     w = world(tmp_path)
-    w.provider.fail_start = lambda c: EngineError("port conflict", 500) if "mariadb" in c.spec.name else None
-    with pytest.raises(OperationFailed, match="mariadb's container could not be started: port conflict"):
+    w.provider.fail_start = lambda c: EngineError("port conflict", 500) if "slurmdbd" in c.spec.name else None
+    with pytest.raises(OperationFailed, match="slurmdbd's container could not be started: port conflict"):
         make(w)
-    # the controller's and slurmdbd's starts, on their threads, ended before the rollback removed all
+    # the controller's start, on its thread, ended before the rollback removed all
     assert ("start", "hp-lab-controller-1") in calls(w, "start")
     assert w.provider.containers("lab") == [] and w.provider.volumes("lab") == []
     assert w.env.store.cluster("lab").status == "Failed"
@@ -143,8 +143,8 @@ def test_a_database_that_cannot_start_fails_the_create_and_rolls_back_after_the_
 def test_a_database_that_never_answers_is_named_when_slurmdbd_waits_for_it(tmp_path):
     w = world(tmp_path)
 
-    def silent(c):  # runs, and never says it is ready (slurmdbd's entry keeps waiting)
-        if c.spec.labels.get("io.hp.role") == "database":
+    def silent(c):  # MariaDB runs, and never says it is ready (the entry keeps slurmdbd waiting)
+        if c.spec.labels.get("io.hp.role") == "accounting":
             c.logs = "mariadbd: [Note] InnoDB: Buffer pool(s) load completed\n"
 
     w.provider.on_start.append(silent)
@@ -161,21 +161,22 @@ def test_health_states(tmp_path):
     c = make(w)
     h = accounting.health(c)
     assert h.healthy and h.as_dict() == {"Component": "Slurmdbd", "Status": "Healthy", "Message": h.message}
-    w.provider.kill("hp-lab-mariadb")
+    w.provider.kill("hp-lab-slurmdbd")  # its database with it: one container
     h = accounting.health(c)
-    assert (h.status, h.reason) == ("Unhealthy", "DbUnreachable") and "exited" in h.message
+    assert (h.status, h.reason) == ("Unhealthy", "DaemonDown") and "exited" in h.message
     assert "Reason" in h.as_dict()
-    w.provider.start("hp-lab-mariadb")
-    w.provider.kill("hp-lab-slurmdbd")
-    assert accounting.health(c).reason == "DaemonDown"
     w.provider.start("hp-lab-slurmdbd")
     # running but not answering: slurmdbd says its database is unreachable
     w.slurm.acct_ping = AccountingPing(False, True, False, "Unable to connect to database")
     assert accounting.health(c).reason == "DbUnreachable"
     # slurmdbd hung (no answer in 2 s): the database is asked itself
     w.slurm.acct_ping = AccountingPing(False, False, True, "")
-    w.provider.exec_handler = lambda ctr, cmd: ExecResult(0 if "mariadb" in cmd else 1, "")
+    asked = []
+    w.provider.exec_handler = lambda ctr, cmd: (
+        asked.append(ctr.spec.name) or ExecResult(0 if "mariadb" in cmd else 1, "")
+    )
     assert accounting.health(c).reason == "DaemonDown"
+    assert "hp-lab-slurmdbd" in asked  # the client in slurmdbd's container
     w.provider.exec_handler = lambda ctr, cmd: ExecResult(1, "")
     assert accounting.health(c).reason == "DbUnreachable"
     doc = describe(w.env, "lab")
@@ -202,17 +203,17 @@ def test_parsers():
 
 
 # -- bringing services back -----------------------------------------------------------------------
-def test_watch_brings_a_dead_database_back_and_records_it(tmp_path, monkeypatch):
+def test_watch_brings_a_dead_accounting_back_and_records_it(tmp_path, monkeypatch):
     monkeypatch.setattr("orchestrator.services.servicewatch.SETTLE_S", 0)
     w = world(tmp_path)
     c = make(w)
-    w.provider.kill("hp-lab-mariadb")
+    w.provider.kill("hp-lab-slurmdbd")
     watch = ServiceWatch(w.env, "lab")
     watch.step(now=100.0)
-    assert w.provider.node("lab", "mariadb").state == "running"
+    assert w.provider.node("lab", "slurmdbd").state == "running"
     texts = [e.description for e in w.env.store.events("lab")]
-    assert any("mariadb (container exited, exit 137) down" in t for t in texts)
-    assert any("mariadb restarted: back in" in t for t in texts)
+    assert any("slurmdbd (container exited, exit 137) down" in t for t in texts)
+    assert any("slurmdbd restarted: back in" in t for t in texts)
     assert accounting.health(c).healthy
     # removed by someone: made again on its volume
     w.provider.remove_container("hp-lab-slurmdbd")
@@ -243,11 +244,11 @@ def test_a_service_that_does_not_come_back_is_retried_later(tmp_path, monkeypatc
     monkeypatch.setattr("orchestrator.services.servicewatch.SETTLE_S", 0)
     w = world(tmp_path)
     make(w)
-    w.provider.kill("hp-lab-mariadb")
-    w.provider.fail_start = lambda c: EngineError("no", 500) if "mariadb" in c.spec.name else None
+    w.provider.kill("hp-lab-slurmdbd")
+    w.provider.fail_start = lambda c: EngineError("no", 500) if "slurmdbd" in c.spec.name else None
     watch = ServiceWatch(w.env, "lab")
     watch.step(now=0.0)
-    assert any("could not bring mariadb" in e.description for e in w.env.store.events("lab"))
+    assert any("could not bring slurmdbd" in e.description for e in w.env.store.events("lab"))
     n = len(w.env.store.events("lab"))
     watch.step(now=5.0)  # backing off
     assert len(w.env.store.events("lab")) == n + 1  # only the health change is recorded
@@ -490,8 +491,8 @@ def test_token_api_metrics_cli(tmp_path, monkeypatch, capsys):
 
     code, out, err = run("describe", "lab")
     assert code == 0 and "slurmdbd: Healthy: slurmdbd answers" in out and "rest:" not in out
-    w.provider.kill("hp-lab-mariadb")
-    assert "slurmdbd: Unhealthy (DbUnreachable): the database's container is exited" in run("describe", "lab")[1]
+    w.provider.kill("hp-lab-slurmdbd")
+    assert "slurmdbd: Unhealthy (DaemonDown): slurmdbd's container is exited" in run("describe", "lab")[1]
     assert "rest: not served yet (hp api, hp token)" in run("describe", "rl")[1]
     code, out, err = run("token", "lab")
     assert code == 2 and "has no REST API" in err and out == ""
