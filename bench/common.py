@@ -112,8 +112,7 @@ def floor(n: int, itype: str = "bench.tiny") -> float:
                     ContainerSpec(
                         name=f"{net}-ctl", image=imgs["controller"], hostname="controller-1", labels=lab, network=net
                     ),
-                    "/etc/slurm",
-                    {"slurm.conf": (conf, 0o644, 0), "slurm.key": (key, 0o600, SLURM_UID)},
+                    {"/etc/slurm": {"slurm.conf": (conf, 0o644, 0), "slurm.key": (key, 0o600, SLURM_UID)}},
                 )
 
             def worker(i: int) -> str:
@@ -130,8 +129,7 @@ def floor(n: int, itype: str = "bench.tiny") -> float:
                         cpu_limit=t.cpu_limit,
                         memory_bytes=t.memory_mib * 2**20,
                     ),
-                    "/etc/slurm",
-                    {"slurm.key": (key, 0o600, 0)},
+                    {"/etc/slurm": {"slurm.key": (key, 0o600, 0)}},
                 )
 
             with ThreadPoolExecutor(32) as ex:

@@ -93,7 +93,7 @@ def test_create_starts_slurmdbd_with_its_database_and_slurmctld_at_once_then_the
     assert dbd.spec.restart_policy == "unless-stopped" and dbd.spec.hostname == "slurmdbd"
     assert {"/etc/slurm/slurmdbd.conf", "/etc/slurm/slurm.key", "/etc/slurm/jwt.key"} <= set(dbd.files)
     assert dbd.spec.volumes == {"hp-lab-db": "/var/lib/mysql"} and "/etc/mysql/hp-init.sql" in dbd.files
-    assert dbd.spec.cpu_limit == 1.0
+    assert dbd.spec.cpu_limit == 1.5
     rest = p.node("lab", "slurmrestd")
     assert set(rest.files) == {"/etc/slurm/slurm.conf"}
     ctl = p.node("lab", "controller-1")
