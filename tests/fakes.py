@@ -491,7 +491,10 @@ def gpu_host(p: FakeProvider, n: int = 1, runtime: bool = False) -> None:
     p.run_handler = handler
 
 
-READY_LINES = {"accounting": "mariadbd: ready for connections.\nslurmdbd version 24.11.5 started"}
+READY_LINES = {
+    "accounting": "mariadbd: ready for connections.\nslurmdbd version 24.11.5 started",
+    "database": "mariadbd: ready for connections.",  # a legacy database container (services/accounting.py)
+}
 
 
 def service_started(p: FakeProvider) -> Callable[[FakeContainer], None]:

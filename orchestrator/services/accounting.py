@@ -60,8 +60,13 @@ RESTART_POLICY = "unless-stopped"
 # (1.0 + 0.5: first srun medians 3.04 vs 3.17 s with 1.0, 6 alternated pairs). Not
 # counted in the host's capacity (quotas are ceilings; they idle after create).
 LIMITS = {"accounting": (1.5, 512), "rest": (0.25, 256)}
-READY = {"accounting": re.compile(r"slurmdbd version \S+ started")}
 DATABASE_READY = re.compile(r"ready for connections")  # MariaDB's line, in accounting's log
+# Clusters made before accounting was one container have their database in a container
+# of its own (role "database", hp-<c>-mariadb): it is kept running (started again before
+# slurmdbd, which needs it) and asked in health checks, never made anew.
+LEGACY_DATABASE = "database"
+HOSTS = {**SERVICE_HOSTS, LEGACY_DATABASE: "mariadb"}  # role -> its container's hostname
+READY = {"accounting": re.compile(r"slurmdbd version \S+ started"), LEGACY_DATABASE: DATABASE_READY}
 READY_TIMEOUT = 60.0
 POLL_S = 0.05
 _BRINGING_BACK: dict[str, threading.Lock] = {}  # per cluster: the watch and a controller's reboot, one at a time
@@ -115,16 +120,22 @@ def controller_files(cluster: Cluster) -> dict[str, tuple[bytes, int, int]]:
     return {"jwt.key": (jwt_key(cluster), 0o600, SLURM_UID)} if cluster.spec.rest else {}
 
 
-def roles(cluster: Cluster) -> list[str]:
-    """The service roles the cluster's spec asks for, in start order."""
+def roles(cluster: Cluster, containers: list[Container] | None = None) -> list[str]:
+    """The service roles the cluster's spec asks for, in start order (with a legacy
+    database container, that first)."""
     spec = cluster.spec
-    return (["accounting"] if spec.accounting else []) + (["rest"] if spec.rest else [])
+    legacy = spec.accounting and LEGACY_DATABASE in service_containers(cluster, containers)
+    return (
+        ([LEGACY_DATABASE] if legacy else [])
+        + (["accounting"] if spec.accounting else [])
+        + (["rest"] if spec.rest else [])
+    )
 
 
 def service_containers(cluster: Cluster, containers: list[Container] | None = None) -> dict[str, Container]:
     """role -> its container, for the services that exist."""
     cs = containers if containers is not None else cluster.containers()
-    return {c.role: c for c in cs if c.role in SERVICE_HOSTS and c.labels.get(L_CLUSTER) == cluster.name}
+    return {c.role: c for c in cs if c.role in HOSTS and c.labels.get(L_CLUSTER) == cluster.name}
 
 
 # -- containers -------------------------------------------------------------------------
@@ -191,7 +202,7 @@ def _stopped(cluster: Cluster, cid: str, role: str) -> OperationFailed | None:
     if st.running or st.status == "restarting":
         return None
     return OperationFailed(
-        f"{SERVICE_HOSTS[role]} exited ({st.exit_code}) before it was ready; last log:\n" + cluster.p.logs(cid, tail=15)
+        f"{HOSTS[role]} exited ({st.exit_code}) before it was ready; last log:\n" + cluster.p.logs(cid, tail=15)
     )
 
 
@@ -211,7 +222,7 @@ def wait_ready(cluster: Cluster, cid: str, role: str, marks_before: int, deadlin
     def late(_: object) -> OperationFailed:
         logs = cluster.p.logs(cid, tail=15)
         # slurmdbd waits for its database: when that never said ready, it is the one named
-        who = SERVICE_HOSTS[role]
+        who = HOSTS[role]
         if role == "accounting" and not DATABASE_READY.search(cluster.p.logs(cid)):
             who = "the database (slurmdbd waits for it)"
         return OperationFailed(f"{who} was not ready within {max(deadline - t0, 0):.1f} s; last log:\n{logs}")
@@ -335,10 +346,12 @@ def health(cluster: Cluster, containers: list[Container] | None = None) -> Healt
     container) when slurmdbd does not answer: DbUnreachable if it does not either, else
     DaemonDown."""
     cs = containers if containers is not None else cluster.containers()
-    db = service_containers(cluster, cs).get("accounting")
-    if why := _down(db, "slurmdbd"):
+    svc = service_containers(cluster, cs)
+    if why := _down(svc.get("accounting"), "slurmdbd"):
         return Health(UNHEALTHY, DAEMON_DOWN, why)
-    assert db is not None
+    db = svc.get(LEGACY_DATABASE) or svc["accounting"]
+    if why := _down(db, "the database"):  # a legacy database container
+        return Health(UNHEALTHY, DB_UNREACHABLE, why)
     ctl = next((c for c in cs if c.role == "controller" and c.running), None)
     ping = None
     if ctl is not None:
@@ -392,7 +405,7 @@ def _bring_back(cluster: Cluster, role: str, c: Container | None, deadline: floa
         p.start(cid)
     if role in READY:
         wait_ready(cluster, cid, role, before, deadline)
-    return f"{SERVICE_HOSTS[role]} {what}"
+    return f"{HOSTS[role]} {what}"
 
 
 def ensure_up(cluster: Cluster, timeout: float = READY_TIMEOUT, only: tuple[str, ...] | None = None) -> list[str]:
@@ -402,9 +415,10 @@ def ensure_up(cluster: Cluster, timeout: float = READY_TIMEOUT, only: tuple[str,
     back in `timeout` s."""
     deadline = time.monotonic() + timeout
     with _BRINGING_BACK.setdefault(cluster.name, threading.Lock()):
-        svc = service_containers(cluster)
+        cs = cluster.containers()
+        svc = service_containers(cluster, cs)
         done = []
-        for role in roles(cluster):
+        for role in roles(cluster, cs):
             if only is not None and role not in only:
                 continue
             if what := _bring_back(cluster, role, svc.get(role), deadline):
@@ -421,7 +435,7 @@ def restart(cluster: Cluster, role: str, timeout: float = READY_TIMEOUT) -> str:
     cluster.p.restart(c.id, timeout=2)
     if role in READY:
         wait_ready(cluster, c.id, role, before, time.monotonic() + timeout)
-    return f"{SERVICE_HOSTS[role]} restarted (it did not answer)"
+    return f"{HOSTS[role]} restarted (it did not answer)"
 
 
 def before_controller_start(cluster: Cluster, timeout: float = READY_TIMEOUT) -> list[str]:
@@ -429,4 +443,4 @@ def before_controller_start(cluster: Cluster, timeout: float = READY_TIMEOUT) ->
     first (OperationFailed when it does not come back)."""
     if not cluster.spec.accounting:
         return []
-    return ensure_up(cluster, timeout, only=("accounting",))
+    return ensure_up(cluster, timeout, only=(LEGACY_DATABASE, "accounting"))

@@ -20,9 +20,18 @@ import time
 from .. import waits
 from ..core.context import Cluster, Env
 from ..errors import TRANSIENT, OperationFailed
-from ..naming import SERVICE_HOSTS
 from ..state.transitions import ClusterStatus
-from .accounting import DAEMON_DOWN, Health, ensure_up, health, restart, roles, service_containers
+from .accounting import (
+    DAEMON_DOWN,
+    HOSTS,
+    LEGACY_DATABASE,
+    Health,
+    ensure_up,
+    health,
+    restart,
+    roles,
+    service_containers,
+)
 
 log = logging.getLogger("hp.services")
 
@@ -79,7 +88,7 @@ class ServiceWatch:
             waits.pause(SETTLE_S)
             down = self._down(wanted)
         if down and now >= self.retry_at:
-            names = ", ".join(f"{SERVICE_HOSTS[r]} ({why})" for r, why in down.items())
+            names = ", ".join(f"{HOSTS[r]} ({why})" for r, why in down.items())
             self._event("Warn", f"{names} down: starting it again")
             t0 = time.monotonic()
             try:
@@ -118,12 +127,14 @@ class ServiceWatch:
         self.unhealthy_since = self.unhealthy_since if self.unhealthy_since is not None else now
         if now - self.unhealthy_since < HUNG_AFTER_S or now < self.retry_at:
             return
-        role = "accounting"  # slurmdbd and its database: one container
+        # slurmdbd and its database: one container (a legacy database has its own)
+        legacy = LEGACY_DATABASE in service_containers(self.cluster)
+        role = LEGACY_DATABASE if h.reason != DAEMON_DOWN and legacy else "accounting"
         what = "slurmdbd" if h.reason == DAEMON_DOWN else "its database"
-        self._event("Warn", f"{what} runs but does not answer: restarting {SERVICE_HOSTS[role]}'s container")
+        self._event("Warn", f"{what} runs but does not answer: restarting {HOSTS[role]}'s container")
         try:
             self._event("Info", restart(self.cluster, role))
             self.unhealthy_since = None
         except OperationFailed as e:
             self.retry_at = now + BACKOFF_S
-            self._event("Error", f"restarting {SERVICE_HOSTS[role]} failed: {e}")
+            self._event("Error", f"restarting {HOSTS[role]} failed: {e}")

@@ -21,8 +21,9 @@ from orchestrator.cluster.create import CreateOptions, create
 from orchestrator.cluster.delete import delete
 from orchestrator.cluster.describe import describe
 from orchestrator.core.context import Cluster
-from orchestrator.docker.views import ExecResult
+from orchestrator.docker.views import ContainerSpec, ExecResult
 from orchestrator.errors import BadInput, EngineError, OperationFailed
+from orchestrator.naming import labels
 from orchestrator.recovery import actions
 from orchestrator.services import accounting, jwt
 from orchestrator.services.endpoints import REST_RELAY
@@ -252,6 +253,40 @@ def test_a_service_that_does_not_come_back_is_retried_later(tmp_path, monkeypatc
     n = len(w.env.store.events("lab"))
     watch.step(now=5.0)  # backing off
     assert len(w.env.store.events("lab")) == n + 1  # only the health change is recorded
+
+
+def test_a_legacy_database_container_is_kept_running_and_asked(tmp_path, monkeypatch):
+    """A cluster made when the database had a container of its own (hp-<c>-mariadb):
+    its death is DbUnreachable, the watch starts it again before slurmdbd, and a
+    controller's reboot waits for it too; it is never made anew."""
+    monkeypatch.setattr("orchestrator.services.servicewatch.SETTLE_S", 0)
+    w = world(tmp_path)
+    c = make(w)
+    p = w.provider
+    dbd = p.node("lab", "slurmdbd")
+    legacy = ContainerSpec(
+        name="hp-lab-mariadb",
+        image=dbd.spec.image,
+        hostname="mariadb",
+        labels=labels("lab", "database"),
+        network=dbd.spec.network,
+    )
+    p.start(p.create_container(legacy))
+    assert accounting.roles(c) == ["database", "accounting"]
+    assert accounting.health(c).healthy
+    p.kill("hp-lab-mariadb")
+    h = accounting.health(c)
+    assert (h.reason, h.message) == ("DbUnreachable", "the database's container is exited (exit 137)")
+    ServiceWatch(w.env, "lab").step(now=100.0)
+    assert p.node("lab", "mariadb").state == "running"
+    assert any("mariadb restarted: back in" in e.description for e in w.env.store.events("lab"))
+    p.kill("hp-lab-mariadb")
+    p.kill("hp-lab-controller-1")
+    p.calls.clear()
+    assert actions.reboot(c, "controller-1", "container died", wait=5)
+    assert [n for _, n in calls(w, "start")] == ["hp-lab-mariadb", "hp-lab-controller-1"]
+    p.remove_container("hp-lab-mariadb")  # gone: not made anew (its image is an old hp's)
+    assert accounting.roles(c) == ["accounting"] and accounting.ensure_up(c) == []
 
 
 def test_controller_reboot_brings_accounting_back_first(tmp_path):
