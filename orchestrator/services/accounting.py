@@ -220,12 +220,13 @@ def wait_ready(cluster: Cluster, cid: str, role: str, marks_before: int, deadlin
         return False
 
     def late(_: object) -> OperationFailed:
-        logs = cluster.p.logs(cid, tail=15)
+        logs = cluster.p.logs(cid)
         # slurmdbd waits for its database: when that never said ready, it is the one named
         who = HOSTS[role]
-        if role == "accounting" and not DATABASE_READY.search(cluster.p.logs(cid)):
+        if role == "accounting" and not DATABASE_READY.search(logs):
             who = "the database (slurmdbd waits for it)"
-        return OperationFailed(f"{who} was not ready within {max(deadline - t0, 0):.1f} s; last log:\n{logs}")
+        last = "\n".join(logs.splitlines()[-15:])
+        return OperationFailed(f"{who} was not ready within {max(deadline - t0, 0):.1f} s; last log:\n{last}")
 
     waits.until(ready, every=POLL_S, deadline=deadline, error=late)
 

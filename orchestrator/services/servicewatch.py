@@ -19,6 +19,7 @@ import time
 
 from .. import waits
 from ..core.context import Cluster, Env
+from ..docker.views import Container
 from ..errors import TRANSIENT, OperationFailed
 from ..state.transitions import ClusterStatus
 from .accounting import (
@@ -79,14 +80,17 @@ class ServiceWatch:
         if row is None or row.status in HANDS_OFF:
             return
         self.cluster.reload()
-        wanted = roles(self.cluster)
-        if not wanted:
+        spec = self.cluster.spec
+        if not (spec.accounting or spec.rest):
             return
+        cs = self.cluster.containers()  # one listing serves the roles, the states and health
+        wanted = roles(self.cluster, cs)
         now = time.monotonic() if now is None else now
-        down = self._down(wanted)
+        down = self._down(wanted, cs)
         if down and now >= self.retry_at:
             waits.pause(SETTLE_S)
-            down = self._down(wanted)
+            cs = self.cluster.containers()
+            down = self._down(wanted, cs)
         if down and now >= self.retry_at:
             names = ", ".join(f"{HOSTS[r]} ({why})" for r, why in down.items())
             self._event("Warn", f"{names} down: starting it again")
@@ -98,11 +102,12 @@ class ServiceWatch:
                 self._event("Error", f"could not bring {names} back (tried again in {BACKOFF_S:g} s): {e}")
                 return
             self._event("Info", f"{'; '.join(done) or 'services'}: back in {time.monotonic() - t0:.1f} s")
-        if self.cluster.spec.accounting and check_health:
-            self._health(now)
+            cs = self.cluster.containers()  # as the repair left them
+        if spec.accounting and check_health:
+            self._health(now, cs)
 
-    def _down(self, wanted: list[str]) -> dict[str, str]:
-        svc = service_containers(self.cluster)
+    def _down(self, wanted: list[str], containers: list[Container]) -> dict[str, str]:
+        svc = service_containers(self.cluster, containers)
         out = {}
         for r in wanted:
             c = svc.get(r)
@@ -112,8 +117,8 @@ class ServiceWatch:
                 out[r] = f"container {c.state}" + (f", exit {c.exit_code}" if c.dead else "")
         return out
 
-    def _health(self, now: float) -> None:
-        h = health(self.cluster)
+    def _health(self, now: float, containers: list[Container]) -> None:
+        h = health(self.cluster, containers)
         prev, self.last = self.last, h
         if prev is None or (prev.status, prev.reason) != (h.status, h.reason):
             if h.healthy:
@@ -128,7 +133,7 @@ class ServiceWatch:
         if now - self.unhealthy_since < HUNG_AFTER_S or now < self.retry_at:
             return
         # slurmdbd and its database: one container (a legacy database has its own)
-        legacy = LEGACY_DATABASE in service_containers(self.cluster)
+        legacy = LEGACY_DATABASE in service_containers(self.cluster, containers)
         role = LEGACY_DATABASE if h.reason != DAEMON_DOWN and legacy else "accounting"
         what = "slurmdbd" if h.reason == DAEMON_DOWN else "its database"
         self._event("Warn", f"{what} runs but does not answer: restarting {HOSTS[role]}'s container")
