@@ -15,7 +15,11 @@ E2E_WORKERS ?= 4
 
 all: images
 
+# hp's own modules compiled at every `make`: an editable install compiles nothing, and where
+# PYTHONDONTWRITEBYTECODE is set (this machine's shells) Python then compiles every module an
+# hp command imports, at every command: +60 ms for `hp exec`, +80 ms before create's first step
 venv: $(VENV)/.installed
+	@$(PY) -m compileall -q -j 0 orchestrator
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
