@@ -5,8 +5,8 @@ own cost per command (issue 23's targets, printed with pass or fail at the end).
 docker-py, the same images and slurm.conf, the fastest order found, until Slurm reports
 N idle nodes) against `hp create --wait` of the same cluster (the real CLI, a new process:
 imports and all), N = 4, 16, 64; target ratio <= 1.10. Then the default cluster (accounting
-on): the time from `hp create` starting to its first successful `srun -N4` (target <= 3.5
-s), with the create's critical path (hp's stage lines, each container's create and start
+on): the time from `hp create` starting to its first successful `srun -N4`, median of
+`--first-runs` (target <= 3.5 s), with the median run's critical path (hp's stage lines, each container's create and start
 as Docker recorded them, each daemon's first answer from its log), Docker's own cost of
 starting that many containers, and the same cluster and first job with plain docker-py
 (bench/common.py first_job_floor: the machine's own limit for that target). (b) `--acct-runs`: the default cluster with and without
@@ -288,9 +288,16 @@ def sizes_vs_floor(sizes: list[int], repeat: int) -> None:
         )
 
 
-def first_job() -> None:
-    with tempfile.TemporaryDirectory() as home:
-        s, path = first_srun(home)
+def first_job(runs: int) -> None:
+    """The default cluster's first srun, `runs` times; the median is the figure, and the
+    critical path printed is the median run's (one run moved 2.7-3.7 s here from one whole
+    bench run to the next, the code unchanged)."""
+    results = []
+    for _ in range(runs):
+        with tempfile.TemporaryDirectory() as home:
+            results.append(first_srun(home))
+    s = statistics.median(r[0] for r in results)
+    path = min(results, key=lambda r: abs(r[0] - s))[1]
     print_path(path)
     containers = sum(1 for _, what, _ in path if what.endswith("container started"))
     print(
@@ -298,10 +305,12 @@ def first_job() -> None:
         f"each only sleeping): {start_floor(containers):.2f} s"
     )
     fl = first_job_floor()
-    verdict = target("default cluster: hp create start to the first srun -N4 (accounting on)", s, FIRST_JOB_MAX, " s")
+    verdict = target(
+        "default cluster: hp create start to the first srun -N4 (accounting on, median)", s, FIRST_JOB_MAX, " s"
+    )
     print(
-        f"default cluster: first successful srun -N4 {s:.2f} s after hp create started "
-        f"(target <= {FIRST_JOB_MAX:g} s): {verdict}"
+        f"default cluster: first successful srun -N4 {s:.2f} s after hp create started, median of {runs} "
+        f"(each: {', '.join(f'{r[0]:.2f}' for r in results)}; target <= {FIRST_JOB_MAX:g} s): {verdict}"
     )
     print(
         f"the same cluster and first job with plain docker-py (bench/common.py first_job_floor, "
@@ -361,6 +370,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="4,16,64", help="worker counts vs the floor ('none': skip)")
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--first-runs", type=int, default=3, help="default creates to the first srun (median)")
     # 7, not the issue's 3: runs without accounting spread 0.3 s on this host, and 3 of each
     # once gave +0.04 s where two 7-run repeats just after gave +0.53 and +0.42 s
     ap.add_argument("--acct-runs", type=int, default=7, help="create runs with and without accounting (0: skip)")
@@ -383,7 +393,7 @@ def main() -> None:
     if a.sizes != "none":
         with benchdocs.section("create", a.write_docs):
             sizes_vs_floor([int(x) for x in a.sizes.split(",")], a.repeat)
-            first_job()
+            first_job(a.first_runs)
     if a.acct_runs:
         with benchdocs.section("create-accounting", a.write_docs):
             accounting_cost(a.acct_runs)
