@@ -6,8 +6,9 @@ docker-py, the same images and slurm.conf, the fastest order found, until Slurm 
 N idle nodes) against `hp create --wait` of the same cluster (the real CLI, a new process:
 imports and all), N = 4, 16, 64; target ratio <= 1.10. Then the default cluster (accounting
 on): the time from `hp create` starting to its first successful `srun -N4`, median of
-`--first-runs` (target <= 3.5 s), with the median run's critical path (hp's stage lines, each container's create and start
-as Docker recorded them, each daemon's first answer from its log), Docker's own cost of
+`--first-runs` (target <= 3.5 s), with the median run's critical path (hp's stage lines,
+each container's create and start as Docker recorded them, each daemon's first answer
+from its log), Docker's own cost of
 starting that many containers, and the same cluster and first job with plain docker-py
 (bench/common.py first_job_floor: the machine's own limit for that target). (b) `--acct-runs`: the default cluster with and without
 accounting, alternated: what accounting adds (target <= 0.3 s), and the time to the first

@@ -300,14 +300,14 @@ class Creating:
         the controller's container is made (8 alternated pairs, first srun medians 3.73 vs
         4.12 s, faster in all 8); with registered hosts after it, on its host. Each entry
         waits for the daemon it needs (slurmdbd for MariaDB, slurmctld for slurmdbd).
-        With Accounting, returns once its container
-        started: that chain (container, MariaDB, slurmdbd, the registration) is what
-        slurmctld waits for, and node starts among it slowed it (Docker starts a few
-        containers at a time; 5 alternated pairs, first srun medians 2.74 vs 2.63 s);
-        later would leave Docker idle while MariaDB and slurmctld boot (bench/common.py
-        first_job_floor). Without, returns at once: the nodes start with the controller,
-        as the floor's do (5 pairs: 4 bench.tiny workers 4.67 vs 5.32 s, the default
-        cluster's first srun 2.47 vs 2.52 s)."""
+
+        With Accounting, returns once its container started: that chain (container,
+        MariaDB, slurmdbd, the registration) is what slurmctld waits for, and node starts
+        among it slowed it (Docker starts a few containers at a time; 5 alternated pairs,
+        first srun medians 2.74 vs 2.63 s); later would leave Docker idle while MariaDB and
+        slurmctld boot (bench/common.py first_job_floor). Without, returns at once: the
+        nodes start with the controller, as the floor's do (5 pairs: 4 bench.tiny workers
+        4.67 vs 5.32 s, the default cluster's first srun 2.47 vs 2.52 s)."""
         spec = self.c.spec
         self.conf = render(spec, self.c.env.catalogue).encode()
         self.progress.stage("controller", self.c.controller_node)
