@@ -20,7 +20,13 @@ L_HOST = f"{LABEL_PREFIX}.host"  # the registered host a container was placed on
 L_HOME = f"{LABEL_PREFIX}.home"  # on a cluster's network: the hp state folder (HP_HOME) that made it
 L_WATCHES = f"{LABEL_PREFIX}.watches"  # the node container a GPU monitor watches
 
+# the default user of every cluster (`hp exec` runs as it; its home is on the shared /home)
+DEFAULT_USER = "hpuser"
+DEFAULT_UID = 1000
+
 ROLE_BY_NODE_TYPE = {"Controller": "controller", "Login": "login", "Compute": "worker"}
+# the roles of Slurm nodes' containers (not "check": health-check containers carry a node's labels too)
+NODE_ROLES = ("controller", "login", "worker")
 
 # Cluster services (not Slurm nodes): role -> the container's hostname (its alias on the
 # cluster's network, the name slurm.conf and slurmdbd.conf use). A node's name always

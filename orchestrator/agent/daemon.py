@@ -34,7 +34,8 @@ from typing import Any
 from .. import assembly
 from ..cluster.create import has_gpus
 from ..cluster.reconciler import RESYNC, GroupReconciler
-from ..core.agents import DEAD_STATUSES, paths
+from ..core.agentlock import paths
+from ..core.agents import DEAD_STATUSES
 from ..core.context import Cluster, Env
 from ..core.launcher import Launcher
 from ..errors import TRANSIENT, EngineError, EngineUnavailable, bug_signature, guarded, report_bug

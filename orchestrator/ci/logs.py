@@ -18,8 +18,8 @@ from ..naming import SERVICE_HOSTS
 from ..services.accounting import secret_files
 from ..slurm.conf import render
 from ..state.health_requests import Records
+from ..state.home import cluster_folder
 from ..state.phases import Phase
-from ..state.store import cluster_folder
 
 Log = Callable[[str], None]
 RECENT_S = 3600.0  # a node removed (on purpose) within the last hour still gets a folder

@@ -18,9 +18,10 @@ from typing import Any
 
 from .. import waits
 from ..cluster.exec import exec_target
-from ..core.context import DEFAULT_UID, DEFAULT_USER, Cluster, Env
+from ..core.context import Cluster, Env
 from ..docker.provider import Provider
 from ..errors import BadInput, EngineError, OperationFailed, WaitTimeout
+from ..naming import DEFAULT_UID, DEFAULT_USER
 from ..slurm.model import JobInfo
 
 POLL = 0.25

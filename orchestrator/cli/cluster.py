@@ -99,7 +99,7 @@ def dry_run_check(e: Any, spec: Any, catalogue: Mapping) -> None:
     from ..core.across_hosts import placement_problems
     from ..docker.engine import DockerEngine
     from ..errors import EngineUnavailable
-    from ..state.store import hosts_registered
+    from ..state.home import hosts_registered
 
     gpu = has_gpus(spec, catalogue)
     if e is None and hosts_registered():

@@ -47,7 +47,7 @@ def token(
     json_out: bool = JsonOpt,
 ) -> None:
     """Print a JWT for the default user (hpuser) for the cluster's REST API (scontrol token)."""
-    from ..core.context import DEFAULT_USER
+    from ..naming import DEFAULT_USER
 
     if lifespan <= 0:
         raise BadInput(f"--lifespan must be a positive number of seconds, got {lifespan}")

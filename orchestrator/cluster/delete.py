@@ -12,7 +12,7 @@ from ..errors import BadInput, NotFound, OperationFailed
 from ..health.requests.service import stop_for_delete
 from ..services.ports import forget
 from ..slurm.model import DELETING_REASON
-from ..state.store import cluster_folder
+from ..state.home import cluster_folder
 from ..state.transitions import ClusterStatus
 from .teardown import other_home, remove_resources
 

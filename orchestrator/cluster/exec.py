@@ -1,12 +1,16 @@
-"""`hp exec`: run a command on a cluster's node as the default user (or root)."""
+"""`hp exec`: run a command on a cluster's node as the default user (or root). Which node
+and as whom: target.py, whose rules the quick `hp exec` (cli/quick.py) follows too; this
+is the whole way, taken for every case the quick one leaves (no agent running, a cluster
+across hosts, the controller, a terminal, any error before the command starts)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..core.context import DEFAULT_UID, DEFAULT_USER, Env
+from ..core.context import Env
 from ..errors import BadInput, OperationFailed
-from ..naming import container_name
+from ..naming import DEFAULT_UID, container_name
+from .target import default_login, find_node, identity
 
 Write = Callable[[bytes, bool], None]  # (data, is stderr)
 
@@ -17,9 +21,7 @@ def exec_target(env: Env, name: str, node: str | None) -> tuple[str, bool]:
     cluster = env.cluster(name)
     containers = cluster.node_containers()
     if node is not None:
-        c = containers.get(node) or next(
-            (c for c in containers.values() if c.name == node or c.id.startswith(node)), None
-        )
+        c = find_node(containers, node)
         if c is None and (lost := cluster.lost_nodes(containers).get(node)):
             raise OperationFailed(
                 f"node {node} of cluster {name!r} is on host {lost[0]}, which is unreachable ({lost[1]})"
@@ -32,9 +34,9 @@ def exec_target(env: Env, name: str, node: str | None) -> tuple[str, bool]:
                 f"exit code {c.exit_code}); see 'hp nodes {name}'"
             )
         return c.name, c.role == "controller"
-    login = sorted((c for c in containers.values() if c.role == "login" and c.running), key=lambda c: c.name)
-    if login:
-        return login[0].name, False
+    login = default_login(containers.values())
+    if login is not None:
+        return login.name, False
     ctl = cluster.controller_of(containers)
     return ctl.name if ctl else container_name(name, cluster.controller_node), True
 
@@ -51,9 +53,7 @@ def run_exec(
     """Run cmd in the container as the default user (or root), stream its output, return its exit code.
     `controller`: the container is the cluster's controller, which has no shared /home (the
     default user's home is made there first; a login or compute node made it when it booted)."""
-    user = "root" if root else DEFAULT_USER
-    workdir = "/root" if root else f"/home/{DEFAULT_USER}"
-    environment = None if root else {"HOME": workdir, "USER": DEFAULT_USER}
+    user, workdir, environment = identity(root)
     p = env.provider
     if not root and controller:
         p.exec(container, ["install", "-d", "-o", str(DEFAULT_UID), "-g", str(DEFAULT_UID), workdir])

@@ -12,7 +12,7 @@ from ..docker.provider import Provider
 from ..docker.views import Network
 from ..errors import EngineError
 from ..naming import L_HOME
-from ..state.store import cluster_folder
+from ..state.home import cluster_folder
 
 NETWORK_BUSY_S = 15.0  # an overlay's endpoints on other hosts go a moment after their containers
 

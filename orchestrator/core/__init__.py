@@ -9,5 +9,6 @@
 - lifecycle.py: LifeCycleConfig's scripts copied onto a node before it first starts;
 - across_hosts.py: what a cluster across registered hosts has (overlay, /home file
   server, placement and host preflight); hostprobe.py: can a Docker host run hp's nodes;
-- agents.py: the per-cluster agent processes (start, poke, stop, the creation lock).
+- agents.py: the per-cluster agent processes (start, poke, stop, the creation lock);
+  agentlock.py: their lock file, the sign that one is alive.
 """

@@ -18,17 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from .. import waits
-from ..state.store import Store, cluster_folder, hp_home
+from ..state.home import hp_home
+from ..state.store import Store
 from ..state.transitions import ClusterStatus
+from .agentlock import holder, paths
 
 DEAD_STATUSES = (ClusterStatus.DELETING, ClusterStatus.FAILED, ClusterStatus.ROLLING_BACK)
 KILLED_WAIT_S = 1.0  # for a SIGKILLed agent to be gone (its lock released)
-
-
-def paths(home: Path, name: str) -> tuple[Path, Path, Path]:
-    d = cluster_folder(home, name)
-    d.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return d / "agent.lock", d / "agent.pid", d / "agent.log"
 
 
 class AgentProcesses:
@@ -54,17 +50,7 @@ class AgentProcesses:
 
     def pid(self, name: str) -> int | None:
         """The live agent's pid, or None (-1: alive, pid unknown)."""
-        lock, pidf, _ = paths(self._home(), name)
-        with open(lock, "a+") as f:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                try:
-                    return int(pidf.read_text().strip())
-                except (OSError, ValueError):
-                    return -1
-            fcntl.flock(f, fcntl.LOCK_UN)
-            return None
+        return holder(self._home(), name)
 
     def ensure(self, name: str) -> dict[str, Any]:
         """Start the cluster's agent if it is not running. Returns its status."""

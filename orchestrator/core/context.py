@@ -39,8 +39,6 @@ log = logging.getLogger("hp")
 T = TypeVar("T")
 R = TypeVar("R")
 SLURM_UID = 64030  # Debian's fixed uid for the slurm user
-DEFAULT_USER = "hpuser"
-DEFAULT_UID = 1000
 
 
 class Agents(Protocol):

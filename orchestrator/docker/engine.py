@@ -1,7 +1,10 @@
 """`DockerEngine`: the provider on one Docker engine, through docker-py's low-level API
 (one HTTP call per operation, no implicit re-inspects, so that hp costs little beyond
-the floor). The only module that imports docker-py: its exceptions become hp's typed
-errors here (`_errors`), its JSON documents become the views of views.py.
+the floor), except the listing of a cluster's containers and execs, the calls of every
+command, which go through wire.py (hp's own client of those few calls: docker-py's import alone costs more
+than a `docker exec`). The only module that imports docker-py: its exceptions and wire's
+become hp's typed errors here (`_errors`, `_wire_errors`), the engine's JSON documents
+become the views of views.py.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import IO, Any
 
 from ..errors import EngineError, EngineUnavailable, ObjectMissing
 from ..naming import L_CLUSTER, L_MANAGED, L_ROLE, LABEL_PREFIX
+from . import wire
 from .provider import FileMap, Log
 from .views import (
     Container,
@@ -68,6 +72,22 @@ def _errors(what: str) -> Iterator[None]:
         raise EngineError(f"{what}: {_short(e)}") from None
     except OSError as e:  # the socket itself (the engine went away mid-call)
         raise EngineUnavailable(DOCKER_HELP.format(detail=f" ({_short(e)})")) from None
+
+
+@contextmanager
+def _wire_errors(what: str) -> Iterator[None]:
+    """wire.py's exceptions, as hp's typed errors naming what was being done (as `_errors`
+    does docker-py's)."""
+    try:
+        yield
+    except wire.ApiError as e:
+        if e.status == 404:
+            raise ObjectMissing(f"{what}: {_short(e.message)}") from None
+        raise EngineError(f"{what}: {_short(e.message)}", e.status) from None
+    except wire.Unreachable as e:
+        raise EngineUnavailable(DOCKER_HELP.format(detail=f" ({_short(e)})")) from None
+    except wire.Broken as e:  # a timeout, an answer that is not HTTP
+        raise EngineError(f"{what}: {_short(e)}") from None
 
 
 def _speak_the_engines_version(api: Any) -> None:
@@ -166,6 +186,7 @@ class DockerEngine:
         self._cpus = cpus
         self._memory_mib = memory_mib
         self._api: Any = None
+        self._wire: wire.Endpoint | None = None
         self._info: EngineInfo | None = None
         self.name = name
 
@@ -206,6 +227,21 @@ class DockerEngine:
             api.timeout = self._timeout or docker.constants.DEFAULT_TIMEOUT_SECONDS  # the calls' own
             self._api = api
         return self._api
+
+    @property
+    def wire(self) -> wire.Endpoint:
+        """The same engine for listings and execs (wire.py): connects on first use."""
+        if self._wire is None:
+            kw = {"timeout": self._timeout, "connect_timeout": self._answer_timeout or self._timeout}
+            try:
+                if self._base_url:
+                    tls = wire.Tls.from_dir(self._tls_dir) if self._tls_dir else None
+                    self._wire = wire.Endpoint(self._base_url, tls, **kw)
+                else:
+                    self._wire = wire.Endpoint.from_env(**kw)
+            except ValueError as e:
+                raise EngineUnavailable(DOCKER_HELP.format(detail=f" ({e})")) from None
+        return self._wire
 
     def ping(self, timeout: float | None = None) -> None:
         """Raise EngineUnavailable unless the engine answers (within `timeout` seconds)."""
@@ -566,8 +602,8 @@ class DockerEngine:
 
     def containers(self, cluster: str | None = None, extra_labels: dict[str, str] | None = None) -> list[Container]:
         flt = [_label_filter(cluster)] + [f"{k}={v}" for k, v in (extra_labels or {}).items()]
-        with _errors("list containers"):
-            raw = self.api.containers(all=True, filters={"label": flt})
+        with _wire_errors("list containers"):
+            raw = self.wire.containers({"label": flt})
         out = []
         for c in raw:
             nets = (c.get("NetworkSettings") or {}).get("Networks") or {}
@@ -642,7 +678,7 @@ class DockerEngine:
         finally:
             self.remove_container(cid)
 
-    # -- exec -------------------------------------------------------------------------
+    # -- exec (wire.py) --------------------------------------------------------------
     def exec(
         self,
         container: str,
@@ -653,21 +689,19 @@ class DockerEngine:
         environment: dict[str, str] | None = None,
         stdin: bytes | None = None,
     ) -> ExecResult:
-        api = self.api
-        with _errors(f"run {cmd[0]} in {container}"):
-            ex = api.exec_create(
-                container, cmd, user=user, workdir=workdir, environment=environment, stdin=stdin is not None
-            )
-            conn = _Hijacked(api.exec_start(ex["Id"], socket=True))
+        w = self.wire
+        with _wire_errors(f"run {cmd[0]} in {container}"):
+            eid = w.exec_create(container, cmd, user, workdir, environment, stdin=stdin is not None)
+            conn = w.exec_start(eid)
             try:
                 if stdin is not None:
-                    conn.sock.sendall(stdin)
-                    conn.sock.shutdown(1)  # SHUT_WR: end of input
-                out = _read_multiplexed(conn)
+                    conn.send(stdin)
+                    conn.end_input()
+                out = b"".join(o or e or b"" for o, e in conn.frames())
             finally:
                 conn.close()
-            code = api.exec_inspect(ex["Id"])["ExitCode"]
-        return ExecResult(code if code is not None else -1, out.decode(errors="replace"))
+            code = w.exec_exit_code(eid)
+        return ExecResult(code, out.decode(errors="replace"))
 
     def exec_stream(
         self,
@@ -678,16 +712,15 @@ class DockerEngine:
         workdir: str | None = None,
         environment: dict[str, str] | None = None,
     ) -> ExecHandle:
-        api = self.api
-        with _errors(f"run {cmd[0]} in {container}"):
-            ex = api.exec_create(container, cmd, user=user, workdir=workdir, environment=environment)
-            conn = _Hijacked(api.exec_start(ex["Id"], socket=True))
-        return ExecHandle(_frames(conn), ex["Id"])
+        w = self.wire
+        with _wire_errors(f"run {cmd[0]} in {container}"):
+            eid = w.exec_create(container, cmd, user, workdir, environment)
+            conn = w.exec_start(eid)
+        return ExecHandle(_chunks(conn, f"output of {cmd[0]} in {container}"), eid)
 
     def exec_exit_code(self, handle: ExecHandle) -> int:
-        with _errors("exec status"):
-            code = self.api.exec_inspect(handle.id)["ExitCode"]
-        return code if code is not None else -1
+        with _wire_errors("exec status"):
+            return self.wire.exec_exit_code(handle.id)
 
     def exec_interactive(
         self,
@@ -698,19 +731,16 @@ class DockerEngine:
         workdir: str | None = None,
         environment: dict[str, str] | None = None,
     ) -> int:  # pragma: no cover - needs a terminal; exercised by hand (hp exec lab -- bash)
-        api = self.api
-        with _errors(f"run {cmd[0]} in {container}"):
-            ex = api.exec_create(
-                container, cmd, user=user, workdir=workdir, environment=environment, tty=True, stdin=True
-            )
-            sock = api.exec_start(ex["Id"], socket=True, tty=True)
+        w = self.wire
+        with _wire_errors(f"run {cmd[0]} in {container}"):
+            eid = w.exec_create(container, cmd, user, workdir, environment, stdin=True, tty=True)
+            conn = w.exec_start(eid, tty=True)
             size = shutil.get_terminal_size()
-            api.exec_resize(ex["Id"], height=size.lines, width=size.columns)
-        conn = _Hijacked(sock)
+            w.exec_resize(eid, size.lines, size.columns)
         raw = conn.sock
         fd = sys.stdin.fileno()
         saved = termios.tcgetattr(fd)
-        watched = [raw, fd]
+        watched: list[Any] = [raw, fd]
         try:
             tty.setraw(fd)
             os.write(sys.stdout.fileno(), conn.held())  # what came with the headers (a prompt)
@@ -724,14 +754,14 @@ class DockerEngine:
                 if fd in ready:
                     data = os.read(fd, 65536)
                     if not data:  # end of input: the command's too; its output may go on
-                        raw.shutdown(1)
+                        conn.end_input()
                         watched.remove(fd)
                     else:
-                        raw.sendall(data)
+                        conn.send(data)
         finally:
             termios.tcsetattr(fd, termios.TCSADRAIN, saved)
             conn.close()
-        return self.exec_exit_code(ExecHandle(iter(()), ex["Id"]))
+        return self.exec_exit_code(ExecHandle(iter(()), eid))
 
     def events(self, cluster: str | None = None) -> _Events:
         with _errors("event stream"):
@@ -890,65 +920,12 @@ def _iso(ts: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
 
 
-class _Hijacked:
-    """An exec's connection once the engine hijacked it (docker-py's `exec_start(socket=True)`),
-    read through the HTTP response's buffered reader. docker-py reads the stream from the
-    socket under that reader, so bytes the engine sent together with the response's headers
-    were lost (docker/docker-py#2042; seen: `scontrol --json` output without its start, exit
-    0, over TCP to a Docker-in-Docker host). No timeout: an exec may be quiet as long as its
-    command runs (docker-py's own read has none either). Without the response (an ssh or
-    named-pipe engine) the socket is read directly, as docker-py does."""
-
-    def __init__(self, sock: Any):
-        res = getattr(sock, "_response", None)  # docker-py keeps it on the socket
-        fp = getattr(getattr(getattr(res, "raw", None), "_fp", None), "fp", None)
-        self._res = res
-        self.sock = getattr(sock, "_sock", sock)  # a SocketIO's socket (unix, tcp); TLS: the socket itself
-        self._reader = fp if fp is not None and getattr(fp, "raw", None) is not None else None
-        if self._reader is not None:
-            self.sock.settimeout(None)
-
-    def recv(self, n: int) -> bytes:
-        """What the reader holds, or one read of the socket ("" at the end)."""
-        return self._reader.read1(n) if self._reader is not None else self.sock.recv(n)
-
-    def held(self) -> bytes:
-        """What the reader already holds, without waiting for more (b"" when nothing)."""
-        if self._reader is None:
-            return b""
-        self.sock.setblocking(False)
-        try:
-            return self._reader.read1(65536) or b""
-        finally:
-            self.sock.settimeout(None)
-
-    def close(self) -> None:
-        try:
-            (self._res or self.sock).close()
-        except OSError:
-            pass
-
-
-def _frames(conn: Any) -> Iterator[tuple[bytes | None, bytes | None]]:
-    """Docker's multiplexed stream as it comes: (stdout, None) or (None, stderr) per frame
-    (a frame cut short by the end: what came of it; a torn header: nothing)."""
-    buf = b""
+def _chunks(conn: wire.Conn, what: str) -> Iterator[tuple[bytes | None, bytes | None]]:
+    """An exec's demultiplexed output (wire's frames), its connection closed at the end or
+    when the reader stops early; the stream breaking is EngineUnavailable."""
+    frames = conn.frames()
     try:
-        while True:
-            chunk = conn.recv(65536)
-            buf += chunk
-            while len(buf) > 8:
-                size = int.from_bytes(buf[4:8], "big")
-                if len(buf) < 8 + size and chunk:
-                    break
-                stream, data, buf = buf[0], buf[8 : 8 + size], buf[8 + size :]
-                yield (data, None) if stream != 2 else (None, data)
-            if not chunk:
-                return
+        with _wire_errors(what):
+            yield from frames
     finally:
-        conn.close()
-
-
-def _read_multiplexed(conn: Any) -> bytes:
-    """Docker's multiplexed stream read until its end, its streams merged."""
-    return b"".join(out or err or b"" for out, err in _frames(conn))
+        frames.close()

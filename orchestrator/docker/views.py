@@ -10,9 +10,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..naming import L_GPUS, L_GROUP, L_INDEX, L_ITYPE, L_NODE, L_ROLE
-
-NODE_ROLES = ("controller", "login", "worker")  # not "check": health-check containers carry a node's labels too
+from ..naming import L_GPUS, L_GROUP, L_INDEX, L_ITYPE, L_NODE, L_ROLE, NODE_ROLES
 
 
 @dataclass(frozen=True)

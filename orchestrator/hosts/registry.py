@@ -35,11 +35,11 @@ from ..docker import engine as engine_mod
 from ..docker.engine import DockerEngine
 from ..docker.images import Images
 from ..docker.multihost import PING_TIMEOUT_S
-from ..docker.views import NODE_ROLES, EngineInfo
+from ..docker.views import EngineInfo
 from ..errors import BadInput, EngineError, EngineUnavailable, NotFound, OperationFailed
 from ..gpu.inventory import KEY as GPU_KEY
 from ..gpu.inventory import HostGpuInfo
-from ..naming import L_CLUSTER, node_name
+from ..naming import L_CLUSTER, NODE_ROLES, node_name
 from ..recovery import actions
 from ..spec.model import name_problem
 from ..state.phases import Phase

@@ -47,7 +47,7 @@ from ..docker.views import Container, ContainerSpec
 from ..errors import EngineError, OperationFailed
 from ..naming import L_CLUSTER, L_HOST, SERVICE_HOSTS, database_volume, labels, network_name, service_container
 from ..slurm.conf import render, slurmdbd_conf, template
-from ..state.store import cluster_folder
+from ..state.home import cluster_folder
 
 log = logging.getLogger("hp")
 

@@ -12,8 +12,8 @@ from ..naming import ROLE_BY_NODE_TYPE, group_prefix, node_id, split_node
 from ..slurm.model import SlurmNode
 from .phases import InstanceStatus as S
 from .phases import visible
+from .statuses import GroupStatus
 from .store import Latest
-from .transitions import GroupStatus
 
 if TYPE_CHECKING:
     from ..spec.model import ClusterSpec

@@ -27,6 +27,7 @@ from typing import Any
 
 from .. import waits
 from . import phases
+from .home import DB_NAME, cluster_folder, hp_home
 from .phases import Phase
 from .transitions import ClusterStatus, cluster_edge, expected
 
@@ -107,20 +108,6 @@ DELETED_RETENTION_S = 7 * 86400.0
 PAGE_MAX = 10_000
 
 
-def cluster_folder(home: Path, name: str) -> Path:
-    """A cluster's folder in hp's state under `home` (its keys, secrets, agent's files):
-    there from its create until its delete."""
-    return home / "clusters" / name
-
-
-def hp_home() -> Path:
-    env = os.environ.get("HP_HOME")
-    if env:
-        return Path(env)
-    xdg = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(xdg) / "hp"
-
-
 @dataclass
 class ClusterRow:
     name: str
@@ -180,28 +167,13 @@ def iso(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int((t % 1) * 1000):03d}Z"
 
 
-def hosts_registered(home: Path | None = None) -> bool:
-    """Are hosts registered? Read without making hp's state (a dry run makes none)."""
-    db = (home or hp_home()) / "hp.db"
-    if not db.exists():
-        return False
-    try:
-        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
-        try:
-            return bool(con.execute("SELECT 1 FROM hosts LIMIT 1").fetchall())
-        finally:
-            con.close()
-    except sqlite3.Error:
-        return False
-
-
 class Store:
     Error = sqlite3.Error  # what the store raises when its database fails (callers need not import sqlite3)
 
     def __init__(self, home: Path | None = None, clock: Callable[[], float] = time.time):
         self.home = home or hp_home()
         self.home.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.path = self.home / "hp.db"
+        self.path = self.home / DB_NAME
         self.clock = clock
         self._lock = threading.RLock()
         fresh = not self.path.exists()

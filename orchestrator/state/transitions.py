@@ -13,43 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from enum import Enum, StrEnum
+from enum import Enum
 from typing import TypeVar
 
 from ..errors import InvalidTransition
-
-
-class ClusterStatus(StrEnum):
-    """A cluster's recorded status (HyperPod's ClusterStatus, plus Degraded)."""
-
-    CREATING = "Creating"
-    IN_SERVICE = "InService"
-    FAILED = "Failed"
-    ROLLING_BACK = "RollingBack"
-    DELETING = "Deleting"
-    DEGRADED = "Degraded"  # its controller's host does not answer: Slurm is down until it returns
-
-
-class GroupStatus(StrEnum):
-    """An instance group's status, derived from its nodes each time (state/status.py):
-    never recorded, so it has no transition table."""
-
-    CREATING = "Creating"
-    IN_SERVICE = "InService"
-    UPDATING = "Updating"
-    DEGRADED = "Degraded"
-    FAILED = "Failed"
-
-
-class RequestState(StrEnum):
-    """A deep health-check request's state (`hp health-check status`)."""
-
-    PENDING = "Pending"  # recorded; its worker (or the agent, on start) is about to run it
-    RUNNING = "Running"
-    COMPLETED = "Completed"  # ran to its end: the verdicts are recorded (passed or not)
-    FAILED = "Failed"  # the request itself failed (not its checks): its worker died, bad options, an error
-    CANCELLED = "Cancelled"
-
+from .statuses import ClusterStatus, RequestState
 
 S = ClusterStatus
 R = RequestState

@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
 
+from orchestrator.core.agentlock import holder
 from orchestrator.docker.engine import DockerEngine as DockerProvider
 from tests.conftest import small_spec, write_spec
 
@@ -50,6 +57,8 @@ def test_default_cluster_end_to_end(hp, tmp_path):
     assert hp("exec", name, "--root", "--", "id", "-u", check=True).stdout.strip() == "0"
     assert hp("exec", name, "--", "sh", "-c", "exit 7").returncode == 7
 
+    quick_and_full_exec_alike(hp, name)
+
     nodes = hp.json("nodes", name)["ClusterNodeSummaries"]
     assert len(nodes) == 6
     assert all(n["InstanceStatus"]["Status"] == "Running" for n in nodes), nodes
@@ -76,6 +85,48 @@ def test_default_cluster_end_to_end(hp, tmp_path):
     assert leftovers(name) == ([], [], [])
     r = hp("delete", name)
     assert r.returncode == 2 and "does not exist" in r.stderr  # a name that is not a cluster: bad input
+
+
+def loaded(hp, *args: str) -> tuple[int, str, set[str]]:
+    """`hp ARGS` with Python's import trace: (exit code, stdout, the modules it imported)."""
+    r = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "orchestrator.cli", *args],
+        env=hp.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return r.returncode, r.stdout, set(re.findall(r"^import time:.*\|\s*([\w.]+)$", r.stderr, re.M))
+
+
+def quick_and_full_exec_alike(hp, name: str) -> None:
+    """`hp exec NAME -- CMD` goes the quick way (cli/quick.py: no typer, no docker-py); the
+    same command without `--`, which only typer reads, goes the full way: the same run.
+    With the agent killed, the full way runs it and starts the agent again."""
+    rc, quick_out, quick_mods = loaded(hp, "exec", name, "--", "env")
+    assert rc == 0 and "typer" not in quick_mods and "docker" not in quick_mods, sorted(quick_mods)
+    rc, full_out, full_mods = loaded(hp, "exec", name, "env")
+    assert rc == 0 and "typer" in full_mods and "docker" not in full_mods  # execs and listings: wire.py
+    assert sorted(quick_out.splitlines()) == sorted(full_out.splitlines())
+    assert "USER=hpuser" in quick_out.splitlines() and "HOME=/home/hpuser" in quick_out.splitlines()
+    for opts, cmd in ((["--node", "cpu-a-1"], "hostname"), (["--root"], "id")):
+        quick = hp("exec", name, *opts, "--", cmd, check=True).stdout
+        assert quick == hp("exec", name, *opts, cmd, check=True).stdout and quick.strip()
+    r = hp("exec", name, "--", "sh", "-c", "echo to-out; echo to-err >&2; exit 5")
+    assert (r.returncode, r.stdout, r.stderr) == (5, "to-out\n", "to-err\n")
+    pid = holder(hp.home, name)
+    assert pid and pid > 0
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while holder(hp.home, name) is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    rc, out, mods = loaded(hp, "exec", name, "--", "hostname")
+    assert rc == 0 and out.strip() == "login-1" and "typer" in mods  # no agent: the full way
+    deadline = time.monotonic() + 10  # which started one: it takes the lock as it starts
+    while not (again := holder(hp.home, name)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert again and again != pid
+    assert "typer" not in loaded(hp, "exec", name, "--", "true")[2]  # and the next goes the quick way
 
 
 def test_invalid_spec_creates_nothing(hp, tmp_path):

@@ -21,7 +21,8 @@ import pytest
 from fakes import force_status
 
 from orchestrator.core import agents
-from orchestrator.core.agents import DEAD_STATUSES, AgentProcesses, paths
+from orchestrator.core.agentlock import paths
+from orchestrator.core.agents import DEAD_STATUSES, AgentProcesses
 from orchestrator.state.store import Store
 from orchestrator.state.transitions import ClusterStatus
 

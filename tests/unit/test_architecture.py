@@ -60,6 +60,10 @@ LAZY: dict[tuple[str, str], str] = {
     ("docker/engine.py", "requests"): "docker-py's transport, with docker-py",
     ("docker/engine.py", "urllib3"): "docker-py's transport, with docker-py",
     ("services/endpoints.py", "prometheus_client"): "only the agent serves metrics, not the CLI's queries",
+    ("docker/wire.py", "ssl"): "TLS only to an engine that speaks it: `hp exec` on the local socket loads no ssl",
+    ("docker/wire.py", "subprocess"): "ssh only to an engine reached through it (the quick `hp exec` loads none)",
+    ("cluster/target.py", "typing"): "types only: the quick `hp exec` (cli/quick.py) loads no typing (5 ms)",
+    ("cluster/target.py", "orchestrator"): "types only: the quick `hp exec` loads neither views.py nor dataclasses",
     ("services/metrics.py", "prometheus_client"): "only the agent serves metrics, not the CLI's queries",
 }
 SLURM_COMMANDS = {

@@ -22,7 +22,7 @@ import pytest
 import typer
 from fakes import World, force_status, spec_doc, world
 
-import orchestrator.cli as cli
+import orchestrator.cli.main as cli
 from orchestrator import waits
 from orchestrator.cli import ci as cli_ci
 from orchestrator.cli import cluster as cli_cluster

@@ -24,9 +24,10 @@ import docker
 import pytest
 import requests
 import urllib3
+from socket_engine import Answers, SocketEngine, frame
 
 from orchestrator.docker import engine as engine_mod
-from orchestrator.docker.engine import UNPAUSE_TIMEOUT_S, DockerEngine, _exit_code, _read_multiplexed
+from orchestrator.docker.engine import UNPAUSE_TIMEOUT_S, DockerEngine, _exit_code
 from orchestrator.docker.views import ContainerSpec, Event, ExecHandle
 from orchestrator.errors import EngineError, EngineUnavailable, ObjectMissing
 from orchestrator.gpu.wiring import GpuWiring
@@ -198,86 +199,16 @@ def test_the_engines_api_version_is_read_from_its_ping_not_from_version(tiny_eng
     url, asked, ping_headers = tiny_engine
     ping_headers["API-Version"] = "1.41"
     e = DockerEngine(url)
-    assert e.containers() == [] and e.api.api_version == "1.41"
-    assert asked == ["/_ping", "/v1.41/containers/json"]
+    assert e.networks() == [] and e.api.api_version == "1.41"
+    assert asked == ["/_ping", "/v1.41/networks"]
     del ping_headers["API-Version"]
     asked.clear()
     e = DockerEngine(url)
-    assert e.containers() == [] and e.api.api_version == "1.40"
-    assert asked == ["/_ping", "/version", "/v1.40/containers/json"]
+    assert e.networks() == [] and e.api.api_version == "1.40"
+    assert asked == ["/_ping", "/version", "/v1.40/networks"]
     ping_headers["API-Version"] = "1.12"
     with pytest.raises(EngineUnavailable, match="API version 1.12 is below 1.24"):
-        DockerEngine(url).containers()
-
-
-EXEC_FRAMES = b"".join(
-    [
-        bytes([1, 0, 0, 0, 0, 0, 0, 11]) + b'{"nodes": [',
-        bytes([2, 0, 0, 0, 0, 0, 0, 5]) + b"warn\n",
-        bytes([1, 0, 0, 0, 0, 0, 0, 3]) + b"]}\n",
-    ]
-)
-
-
-@pytest.fixture
-def eager_engine(tmp_path: Path) -> Iterator[tuple[str, list[bytes]]]:
-    """A unix-socket engine whose exec start sends the hijack's headers and the whole
-    multiplexed output in one write, as an engine does when the command is quick (the
-    reader then holds the output with the headers). Yields its URL and the input an exec
-    with stdin sent."""
-    stdin: list[bytes] = []
-
-    class Answer(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def _send(self, head: bytes, body: bytes = b"") -> None:
-            self.wfile.write(head + b"\r\n\r\n" + body)  # one write: one segment
-
-        def _json(self, status: bytes, body: bytes) -> None:
-            self._send(
-                b"HTTP/1.1 %s\r\nContent-Type: application/json\r\nContent-Length: %d" % (status, len(body)), body
-            )
-
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-            if self.path == "/_ping":
-                self._send(b"HTTP/1.1 200 OK\r\nAPI-Version: 1.41\r\nContent-Length: 2", b"OK")
-            else:  # exec inspect
-                self._json(b"200 OK", b'{"ExitCode": 0}')
-
-        def do_POST(self) -> None:  # noqa: N802
-            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
-            if self.path.endswith("/start"):
-                head = b"HTTP/1.1 101 UPGRADED\r\nContent-Type: application/vnd.docker.raw-stream\r\n"
-                self._send(head + b"Connection: Upgrade\r\nUpgrade: tcp", EXEC_FRAMES)
-                if stdin:  # the command's input, until the client ends it
-                    stdin.append(self.rfile.read())
-                self.close_connection = True
-            else:  # exec create
-                stdin[:] = [b""] if body.get("AttachStdin") else []
-                self._json(b"201 Created", b'{"Id": "e1"}')
-
-        def log_message(self, *_: Any) -> None:
-            pass
-
-    path = tmp_path / "eager.sock"
-    srv = _UnixHttp(str(path), Answer)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"unix://{path}", stdin
-    srv.shutdown()
-    srv.server_close()
-
-
-def test_an_execs_output_sent_with_the_headers_is_all_read(eager_engine: tuple[str, list[bytes]]) -> None:
-    """docker-py reads a hijacked exec from the socket under http.client's buffered reader,
-    so what came with the headers was lost (docker/docker-py#2042: `scontrol --json` seen
-    without its start); hp reads through the reader."""
-    url, stdin = eager_engine
-    e = DockerEngine(url)
-    assert e.exec("c1", ["scontrol"]).output == '{"nodes": [warn\n]}\n'
-    h = e.exec_stream("c1", ["scontrol"])
-    assert list(h.chunks) == [(b'{"nodes": [', None), (None, b"warn\n"), (b"]}\n", None)]
-    assert e.exec("c1", ["cat"], stdin=b"input").output == '{"nodes": [warn\n]}\n'
-    assert stdin == [b"", b"input"]
+        DockerEngine(url).networks()
 
 
 @pytest.mark.parametrize(
@@ -369,11 +300,12 @@ def test_create_and_remove_networks_and_volumes() -> None:
 
 
 # -- containers ----------------------------------------------------------------------
-def test_containers_are_mapped_from_the_recorded_list() -> None:
+def test_containers_are_mapped_from_the_recorded_list(tmp_path: Path) -> None:
     rec = fx("containers")
-    e, api = engine("h1", containers=rec["containers"])
+    srv = SocketEngine(tmp_path / "engine.sock", Answers(containers=rec["containers"]))
+    e = DockerEngine(srv.url, name="h1")
     cs = {c.name: c for c in e.containers("ut-rec")}
-    assert api.called("containers")[0][1] == {"all": True, "filters": rec["filters"]}
+    assert json.loads(srv.asked[0].query["filters"][0]) == rec["filters"] and srv.asked[0].query["all"] == ["1"]
     assert set(cs) == {"ut-rec-cpu-1", "ut-rec-check-cpu-1", "ut-rec-cpu-2"}
     node, chk, dead = cs["ut-rec-cpu-1"], cs["ut-rec-check-cpu-1"], cs["ut-rec-cpu-2"]
     assert node.id == rec["ids"]["node"] and node.host == "h1"
@@ -385,9 +317,11 @@ def test_containers_are_mapped_from_the_recorded_list() -> None:
     assert all(c.image.startswith("hp-worker:") for c in cs.values())
     assert all(len(c.created) == 20 and c.created.endswith("Z") for c in cs.values())
     e.containers("ut-rec", extra_labels={"io.hp.role": "worker"})
-    assert api.called("containers")[1][1]["filters"] == {"label": ["io.hp.cluster=ut-rec", "io.hp.role=worker"]}
+    assert json.loads(srv.asked[1].query["filters"][0]) == {"label": ["io.hp.cluster=ut-rec", "io.hp.role=worker"]}
     e.containers()
-    assert api.called("containers")[2][1]["filters"] == {"label": ["io.hp.managed=1"]}
+    assert json.loads(srv.asked[2].query["filters"][0]) == {"label": ["io.hp.managed=1"]}
+    assert e._api is None  # a listing loads no docker-py
+    srv.close()
 
 
 def test_inspect_maps_state_and_limits_in_the_engines_own_words() -> None:
@@ -759,105 +693,108 @@ def test_read_image_file_uses_a_throwaway_container_and_always_removes_it() -> N
         e.read_image_file("ut-rec-nope:1", "/x")
 
 
-# -- exec ----------------------------------------------------------------------------
-def frame(stream: int, data: bytes) -> bytes:
-    """One frame of Docker's multiplexed exec stream (1: stdout, 2: stderr)."""
-    return bytes([stream, 0, 0, 0]) + len(data).to_bytes(4, "big") + data
+# -- exec (through wire.py: tests/unit/test_wire.py has the transport) -----------------
+@pytest.fixture
+def sock_engine(tmp_path: Path) -> Iterator[SocketEngine]:
+    srv = SocketEngine(tmp_path / "engine.sock")
+    yield srv
+    srv.close()
 
 
-def test_exec_collects_merged_output_and_the_exit_code() -> None:
+def test_exec_collects_merged_output_and_the_exit_code(sock_engine: SocketEngine) -> None:
     rec = fx("exec")["plain"]
-    assert b64(rec["exec_start_b64"]) == b"to-out\nto-err\n"  # docker-py's merged answer for these frames
-    raw = frame(1, b"to-out\n") + frame(2, b"to-err\n")
-    e, api = engine(
-        exec_create=rec["exec_create"],
-        exec_start=lambda *a, **k: SimpleNamespace(_sock=RawSocket(raw)),
+    sock_engine.answers = Answers(
+        exec_create=(201, rec["exec_create"]),
+        frames=frame(1, b"to-out\n") + frame(2, b"to-err\n"),
         exec_inspect=rec["exec_inspect"],
     )
+    e = DockerEngine(sock_engine.url)
     res = e.exec("c1", rec["cmd"], user="hpuser", workdir="/home/hpuser", environment={"A": "1"})
     assert (res.exit_code, res.output) == (4, "to-out\nto-err\n")
-    assert api.called("exec_create")[0] == (
-        ("c1", rec["cmd"]),
-        {"user": "hpuser", "workdir": "/home/hpuser", "environment": {"A": "1"}, "stdin": False},
+    body = sock_engine.called("POST", "/exec")[0].body
+    assert (body["Cmd"], body["User"], body["WorkingDir"], body["Env"], body["AttachStdin"]) == (
+        rec["cmd"],
+        "hpuser",
+        "/home/hpuser",
+        ["A=1"],
+        False,
     )
-    assert api.called("exec_start")[0] == ((rec["exec_create"]["Id"],), {"socket": True})
-    api.answers["exec_inspect"] = {**rec["exec_inspect"], "ExitCode": None}  # still running / unknown
+    assert sock_engine.called("POST", "/start")[0].path == f"/exec/{rec['exec_create']['Id']}/start"
+    sock_engine.answers.exec_inspect = {**rec["exec_inspect"], "ExitCode": None}  # still running / unknown
     assert e.exec("c1", ["true"]).exit_code == -1
+    assert e._api is None  # an exec loads no docker-py
 
 
-class RawSocket:
-    """The engine's side of an exec with stdin: hands out the recorded bytes in small reads."""
-
-    def __init__(self, data: bytes, step: int = 5):
-        self.data, self.step = data, step
-        self.sent = b""
-        self.shut: int | None = None
-        self.closed = False
-
-    def sendall(self, b: bytes) -> None:
-        self.sent += b
-
-    def shutdown(self, how: int) -> None:
-        self.shut = how
-
-    def recv(self, n: int) -> bytes:
-        out, self.data = self.data[: min(n, self.step)], self.data[min(n, self.step) :]
-        return out
-
-    def close(self) -> None:
-        self.closed = True
+def test_an_execs_output_sent_with_the_headers_is_all_read(sock_engine: SocketEngine) -> None:
+    """docker-py read a hijacked exec from under http.client's buffered reader, so what came
+    with the headers was lost (docker/docker-py#2042: `scontrol --json` seen without its
+    start); wire.py hands it out first."""
+    stream = frame(1, b'{"nodes": [') + frame(2, b"warn\n") + frame(1, b"]}\n")
+    sock_engine.answers = Answers(frames=stream, eager=True)
+    e = DockerEngine(sock_engine.url)
+    assert e.exec("c1", ["scontrol"]).output == '{"nodes": [warn\n]}\n'
+    h = e.exec_stream("c1", ["scontrol"])
+    assert list(h.chunks) == [(b'{"nodes": [', None), (None, b"warn\n"), (b"]}\n", None)]
 
 
-def test_exec_with_stdin_writes_it_closes_input_and_demultiplexes_the_answer() -> None:
+def test_exec_with_stdin_writes_it_closes_input_and_demultiplexes_the_answer(sock_engine: SocketEngine) -> None:
     rec = fx("exec")["stdin"]
-    raw = RawSocket(b64(rec["socket_raw_b64"]))
-    e, api = engine(
-        exec_create=rec["exec_create"], exec_start=SimpleNamespace(_sock=raw), exec_inspect=rec["exec_inspect"]
+    raw = b64(rec["socket_raw_b64"])
+    sock_engine.answers = Answers(
+        exec_create=(201, rec["exec_create"]), frames=lambda given: raw, exec_inspect=rec["exec_inspect"]
     )
+    e = DockerEngine(sock_engine.url)
     res = e.exec("c1", rec["cmd"], stdin=rec["stdin"].encode())
     assert (res.exit_code, res.output) == (5, "hello stdin\ndone\n")
-    assert raw.sent == b"hello stdin\n" and raw.shut == 1  # SHUT_WR: end of input
-    assert api.called("exec_create")[0][1]["stdin"] is True
-    assert api.called("exec_start")[0][1] == {"socket": True}
-    raw2 = RawSocket(b64(rec["socket_raw_b64"]))  # a socket without the _sock wrapper
-    api.answers["exec_start"] = raw2
-    assert e.exec("c1", rec["cmd"], stdin=b"").output == "hello stdin\ndone\n" and raw2.shut == 1
+    assert sock_engine.stdin == [b"hello stdin\n"]  # all of it, then the end of input
+    assert sock_engine.called("POST", "/exec")[0].body["AttachStdin"] is True
+    assert e.exec("c1", rec["cmd"], stdin=b"").output == "hello stdin\ndone\n" and sock_engine.stdin[-1] == b""
 
 
-def test_exec_in_a_stopped_container_is_a_409() -> None:
-    e, _ = engine(exec_create=recorded_error("exec_create(stopped)"))
+def test_exec_in_a_stopped_container_is_a_409_and_in_a_missing_one_object_missing(sock_engine: SocketEngine) -> None:
+    errs = {r["call"]: r for r in fx("errors")}
+    sock_engine.answers = Answers(exec_create=(409, json.loads(errs["exec_create(stopped)"]["body"])))
+    e = DockerEngine(sock_engine.url)
     with pytest.raises(EngineError, match="run true in c1: Container .* is not running") as ei:
         e.exec("c1", ["true"])
-    assert ei.value.status == 409
+    assert ei.value.status == 409 and type(ei.value) is EngineError
+    sock_engine.answers = Answers(exec_create=(404, {"message": "No such container: nope"}))
+    with pytest.raises(ObjectMissing, match="run true in nope: No such container"):
+        e.exec_stream("nope", ["true"])
 
 
-def test_exec_stream_yields_the_demuxed_chunks_and_its_exit_code() -> None:
+def test_exec_stream_yields_the_demuxed_chunks_and_its_exit_code(sock_engine: SocketEngine) -> None:
     rec = fx("exec")["stream"]
     chunks = [(b64(o) if o else None, b64(x) if x else None) for o, x in rec["chunks_b64"]]  # docker-py's demux
-    raw = RawSocket(b"".join(frame(1, o) if o else frame(2, x or b"") for o, x in chunks), step=3)
-    e, api = engine(
-        exec_create=rec["exec_create"], exec_start=SimpleNamespace(_sock=raw), exec_inspect=rec["exec_inspect"]
+    raw = b"".join(frame(1, o) if o else frame(2, x or b"") for o, x in chunks)
+    sock_engine.answers = Answers(
+        exec_create=(201, rec["exec_create"]), frames=raw, step=3, exec_inspect=rec["exec_inspect"]
     )
+    e = DockerEngine(sock_engine.url)
     h = e.exec_stream("c1", rec["cmd"], user="hpuser")
     assert h.id == rec["exec_create"]["Id"]
-    assert api.called("exec_start")[0] == ((h.id,), {"socket": True})
-    got = list(h.chunks)
-    assert got == chunks  # frame by frame, though the socket gave 3 bytes a read
-    assert raw.closed
+    assert list(h.chunks) == chunks  # frame by frame, though the engine wrote 3 bytes at a time
     assert e.exec_exit_code(h) == 0
-    api.answers["exec_inspect"] = {"ExitCode": None}
+    sock_engine.answers.exec_inspect = {"ExitCode": None}
     assert e.exec_exit_code(ExecHandle(iter(()), "x")) == -1
-    api.answers["exec_create"] = recorded_error("exec_create(stopped)")
-    with pytest.raises(EngineError):
-        e.exec_stream("c1", ["true"])
 
 
-def test_read_multiplexed_and_exit_code_parsing() -> None:
-    raw = b64(fx("exec")["stdin"]["socket_raw_b64"])
-    assert _read_multiplexed(RawSocket(raw, step=3)) == b"hello stdin\ndone\n"
-    assert _read_multiplexed(RawSocket(raw + b"\x01\x00\x00")) == b"hello stdin\ndone\n"  # a torn header: ignored
-    assert _read_multiplexed(RawSocket(b"")) == b""
-    assert _read_multiplexed(RawSocket(frame(1, b"whole\n") + frame(2, b"cut short")[:-5])) == b"whole\ncut "
+def test_an_exec_stream_left_early_closes_its_connection(sock_engine: SocketEngine) -> None:
+    sock_engine.answers = Answers(frames=frame(1, b"a\n") * 100, step=16)
+    h = DockerEngine(sock_engine.url).exec_stream("c1", ["yes"])
+    assert next(iter(h.chunks)) == (b"a\n", None)
+    h.chunks.close()  # type: ignore[attr-defined]  # a generator: the reader stops early
+
+
+def test_execs_without_an_engine_are_engine_unavailable_with_how_to_start_one() -> None:
+    e = DockerEngine(NO_ENGINE)
+    with pytest.raises(EngineUnavailable, match="cannot reach a Docker engine.*hp-ut-docker.sock"):
+        e.exec("c1", ["true"])
+    with pytest.raises(EngineUnavailable, match="Start one"):
+        e.containers("lab")
+
+
+def test_exit_code_parsing() -> None:
     statuses = {c["Names"][0]: c["Status"] for c in fx("containers")["containers"]}
     assert _exit_code(statuses["/ut-rec-cpu-2"]) == 3
     assert _exit_code(statuses["/ut-rec-cpu-1"]) == 0  # "Up 1 second"

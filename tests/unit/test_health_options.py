@@ -191,7 +191,7 @@ def test_any_text_is_refused_or_becomes_a_plain_number(text):
 
 def test_cli_injection_is_exit_2_and_touches_nothing(tmp_path, monkeypatch, capsys):
     """The fault campaign's command: exit 2, before the store or Docker is touched."""
-    from orchestrator import cli
+    from orchestrator.cli import main as cli
 
     monkeypatch.setenv("HP_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")

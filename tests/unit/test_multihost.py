@@ -590,7 +590,8 @@ def test_removing_a_host_is_refused_while_a_controller_or_nodes_live_there(fleet
 
 def test_overlay_mtu_and_hosts_registered(tmp_path, monkeypatch):
     from orchestrator.hosts import registry
-    from orchestrator.state.store import HostRow, Store, hosts_registered
+    from orchestrator.state.home import hosts_registered
+    from orchestrator.state.store import HostRow, Store
 
     rows = [HostRow("a", "unix:///a", {"mtu": 1400}, 1, 0.0), HostRow("b", "unix:///b", {}, 2, 0.0)]
     monkeypatch.delenv("HP_OVERLAY_MTU", raising=False)

@@ -17,7 +17,7 @@ import typer
 from orchestrator.ci.image_versions import parse_dpkg_version
 from orchestrator.ci.images_io import read_manifest
 from orchestrator.ci.logs import LogWriter
-from orchestrator.cli import app
+from orchestrator.cli.main import app
 from orchestrator.errors import BadInput
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -510,7 +510,7 @@ def test_metrics_families_parse_and_count(tmp_path):
 
 # -- CLI, logs ------------------------------------------------------------------------------------
 def test_token_api_metrics_cli(tmp_path, monkeypatch, capsys):
-    import orchestrator.cli as cli
+    import orchestrator.cli.main as cli
     from orchestrator.cli import common
 
     w = world(tmp_path)
@@ -572,7 +572,7 @@ def test_endpoints_serve_on_recorded_ports_and_survive_a_restart(tmp_path, monke
     import socket
     import urllib.request
 
-    import orchestrator.cli as cli
+    import orchestrator.cli.main as cli
     from orchestrator.services.endpoints import Endpoints
     from orchestrator.services.ports import url, wait_url
 

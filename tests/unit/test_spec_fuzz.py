@@ -345,7 +345,7 @@ def as_yaml(doc: Any) -> str | None:
 
 def run_hp(*args: str) -> tuple[int, str, str]:
     """`hp ARGS` in this process (cli.main), Docker unreachable: (exit code, stdout, stderr)."""
-    from orchestrator import cli
+    from orchestrator.cli import main as cli
 
     out, err = io.StringIO(), io.StringIO()
     old = sys.argv

@@ -292,7 +292,7 @@ def test_plain_data_only(tmp_path):
 def test_cli_refuses_a_bomb_with_exit_2_and_creates_nothing(tmp_path, monkeypatch, capsys):
     """Through `hp create -f`: exit 2, the message on stderr, no traceback, no cluster in
     the store, and Docker never asked (an unreachable DOCKER_HOST)."""
-    from orchestrator import cli
+    from orchestrator.cli import main as cli
     from orchestrator.state.store import Store
 
     monkeypatch.setenv("HP_HOME", str(tmp_path / "home"))
