@@ -22,7 +22,6 @@ cluster's spec changes or the agent restarts: never retried in a tight loop.
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import signal
@@ -34,7 +33,6 @@ from typing import Any
 from .. import assembly
 from ..cluster.create import has_gpus
 from ..cluster.reconciler import RESYNC, GroupReconciler
-from ..core.agentlock import paths
 from ..core.agents import DEAD_STATUSES
 from ..core.context import Cluster, Env
 from ..core.launcher import Launcher
@@ -286,17 +284,12 @@ class Agent:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The agent of cluster ARGV[0], which holds the cluster's lock (agent/__main__.py took
+    it before it loaded this module)."""
     args = sys.argv[1:] if argv is None else argv
     name = args[0]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(threadName)s %(message)s")
     env = assembly.env()
-    lock, pidf, _ = paths(env.store.home, name)
-    f = open(lock, "a+")
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return 0  # another agent holds this cluster
-    pidf.write_text(str(os.getpid()))
     agent = Agent(env, name)
     signal.signal(
         signal.SIGTERM, lambda *_: (agent.stop.set(), agent.kick(), agent._services and agent._services.kick())

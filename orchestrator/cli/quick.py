@@ -17,7 +17,7 @@ from ..cluster.target import default_login, find_node, identity
 from ..core.agentlock import holder
 from ..docker import wire
 from ..naming import L_CLUSTER, L_NODE, L_ROLE, NODE_ROLES
-from ..state.home import hp_home, peek
+from ..state.home import home_dir, peek
 from ..state.statuses import ClusterStatus
 
 
@@ -79,7 +79,7 @@ def run(argv: list[str]) -> int | None:
     if parsed is None or (sys.stdin.isatty() and sys.stdout.isatty()):
         return None
     name, node, root, cmd = parsed
-    home = hp_home()
+    home = home_dir()
     hosts, status = peek(home, name)
     if hosts or status != ClusterStatus.IN_SERVICE or holder(home, name) is None:
         return None

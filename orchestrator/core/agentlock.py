@@ -1,31 +1,60 @@
 """A cluster's agent is alive while it holds the cluster's lock file: its files, and the
 look that tells whether one holds it. Apart from agents.py (which starts and stops
-agents) and light (fcntl, os, pathlib), for the quick `hp exec` (cli/quick.py)."""
+agents) and light (fcntl and os: paths as strings), for the quick `hp exec` (cli/quick.py)."""
 
 from __future__ import annotations
 
 import fcntl
-from pathlib import Path
+import os
 
-from ..state.home import cluster_folder
+from ..state.home import cluster_dir, cluster_folder
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from pathlib import Path
+    from typing import IO
+
+FILES = ("agent.lock", "agent.pid", "agent.log")
+
+
+def _files(home: str | os.PathLike[str], name: str) -> list[str]:
+    d = cluster_dir(home, name)
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    return [os.path.join(d, f) for f in FILES]
 
 
 def paths(home: Path, name: str) -> tuple[Path, Path, Path]:
     """The agent's lock, pid and log files (the cluster's folder made if missing)."""
+    _files(home, name)
     d = cluster_folder(home, name)
-    d.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return d / "agent.lock", d / "agent.pid", d / "agent.log"
+    return d / FILES[0], d / FILES[1], d / FILES[2]
 
 
-def holder(home: Path, name: str) -> int | None:
+def take(home: str | os.PathLike[str], name: str) -> IO[str] | None:
+    """Take the cluster's lock for this process, the agent (and write its pid): the open
+    lock file, to be held as long as the process runs; None when another agent holds it."""
+    lock, pidf, _ = _files(home, name)
+    f = open(lock, "a+")  # noqa: SIM115 (held until the process ends)
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        return None
+    with open(pidf, "w") as p:
+        p.write(str(os.getpid()))
+    return f
+
+
+def holder(home: str | os.PathLike[str], name: str) -> int | None:
     """The live agent's pid, or None when no agent holds the lock (-1: alive, pid unknown)."""
-    lock, pidf, _ = paths(home, name)
+    lock, pidf, _ = _files(home, name)
     with open(lock, "a+") as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             try:
-                return int(pidf.read_text().strip())
+                with open(pidf) as p:
+                    return int(p.read().strip())
             except (OSError, ValueError):
                 return -1
         fcntl.flock(f, fcntl.LOCK_UN)

@@ -111,8 +111,12 @@ def forget_secrets(cluster: Cluster) -> None:
         (cluster.dir / fname).unlink(missing_ok=True)
 
 
-def init_sql(password: str) -> bytes:
-    return Template(template("hp-init.sql.tmpl")).substitute(db_password=password).encode()
+def init_sql(password: str, cluster: str) -> bytes:
+    """The SQL MariaDB runs at every start of the cluster's database: slurmdbd's database
+    and user (the cluster's password); at the first, the seed cluster's tables made at the
+    image's build (images/node/hp-dbschema) renamed to the cluster's, as Slurm names them
+    (the name in lower case; spec/names.py keeps it to letters, digits and dashes)."""
+    return Template(template("hp-init.sql.tmpl")).substitute(db_password=password, cluster=cluster.lower()).encode()
 
 
 def controller_files(cluster: Cluster) -> dict[str, tuple[bytes, int, int]]:
@@ -174,7 +178,10 @@ def files(cluster: Cluster, role: str, slurm_conf: bytes | None) -> dict[str, Fi
         }
         if cluster.spec.rest:
             out["jwt.key"] = (jwt_key(cluster), 0o600, SLURM_UID)
-        return {"/etc/slurm": out, "/etc/mysql": {"hp-init.sql": (init_sql(db_password(cluster)), 0o600, 0)}}
+        return {
+            "/etc/slurm": out,
+            "/etc/mysql": {"hp-init.sql": (init_sql(db_password(cluster), cluster.name), 0o600, 0)},
+        }
     # rest: the controller's slurm.conf and nothing secret (tokens come with each request)
     return {"/etc/slurm": {"slurm.conf": (slurm_conf or b"", 0o644, 0)}}
 

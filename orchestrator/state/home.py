@@ -1,37 +1,53 @@
 """Where hp's state lives (HP_HOME: its database and each cluster's folder), and the two
 facts the quickest command reads of it without opening the store (cli/quick.py: `hp
 exec`): whether hosts are registered, and a cluster's status. Reads only: no schema,
-nothing made (a dry run and `hp exec` make no state). Light on purpose: os, pathlib and
-sqlite3, no more (the store, store.py, loads what writing needs)."""
+nothing made (a dry run and `hp exec` make no state). Light on purpose: os and sqlite3;
+paths as strings, and pathlib's Path (4 ms of `hp exec`) made only for callers that hold
+one (the store, store.py, loads what writing needs)."""
 
 from __future__ import annotations
 
 import os
 import sqlite3
-from pathlib import Path
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from pathlib import Path
 
 DB_NAME = "hp.db"
 
 
-def hp_home() -> Path:
+def home_dir() -> str:
+    """HP_HOME, else $XDG_DATA_HOME/hp (default ~/.local/share/hp)."""
     env = os.environ.get("HP_HOME")
     if env:
-        return Path(env)
-    xdg = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(xdg) / "hp"
+        return env
+    xdg = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return os.path.join(xdg, "hp")
+
+
+def hp_home() -> Path:
+    from pathlib import Path
+
+    return Path(home_dir())
+
+
+def cluster_dir(home: str | os.PathLike[str], name: str) -> str:
+    """A cluster's folder in hp's state under `home` (its keys, secrets, agent's files):
+    there from its create until its delete."""
+    return os.path.join(home, "clusters", name)
 
 
 def cluster_folder(home: Path, name: str) -> Path:
-    """A cluster's folder in hp's state under `home` (its keys, secrets, agent's files):
-    there from its create until its delete."""
-    return home / "clusters" / name
+    """cluster_dir, as a Path."""
+    return type(home)(cluster_dir(home, name))
 
 
-def peek(home: Path | None, name: str | None = None) -> tuple[bool, str | None]:
+def peek(home: str | os.PathLike[str] | None, name: str | None = None) -> tuple[bool, str | None]:
     """(are hosts registered, cluster `name`'s recorded status or None), read in one
     read-only look; (False, None) when there is no database yet or it cannot be read."""
-    db = (home or hp_home()) / DB_NAME
-    if not db.exists():
+    db = os.path.join(home or home_dir(), DB_NAME)
+    if not os.path.exists(db):
         return False, None
     try:
         con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)

@@ -1,6 +1,6 @@
 """Process control of the per-cluster agents (orchestrator/core/agents.py): alive means
 holding the cluster's lock file. The only processes started here are tiny stand-ins
-that hold the lock the way `python -m orchestrator.agent` does (daemon.main) and talk to
+that hold the lock the way `python -m orchestrator.agent` does (core/agentlock.take) and talk to
 nothing; the agent itself is never started (subprocess.Popen is replaced where ensure()
 would start one)."""
 
@@ -26,7 +26,7 @@ from orchestrator.core.agents import DEAD_STATUSES, AgentProcesses
 from orchestrator.state.store import Store
 from orchestrator.state.transitions import ClusterStatus
 
-# Holds the lock and writes its pid as daemon.main does; reports SIGUSR1 (poke) on stdout.
+# Holds the lock and writes its pid as agentlock.take does; reports SIGUSR1 (poke) on stdout.
 HOLDER = r"""
 import fcntl, os, signal, sys, time
 lock, pidf, ignore_term = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
@@ -243,3 +243,25 @@ def test_stop_when_the_agent_is_gone_before_the_kill(store: Store, monkeypatch: 
         pidf.write_text(str(gone))
         a.stop("lab", timeout=0.05)
     assert sigs == [signal.SIGTERM, signal.SIGKILL]
+
+
+def test_the_agent_takes_its_lock_before_it_loads_itself(tmp_path: Path) -> None:
+    """agent/__main__.py takes the cluster's lock first: a second agent of the same cluster
+    leaves at once, having loaded none of the agent's modules; the first's pid is recorded."""
+    from orchestrator.core.agentlock import holder, take
+
+    held = take(tmp_path, "lab")
+    assert held is not None and holder(tmp_path, "lab") == os.getpid()
+    assert take(tmp_path, "lab") is None  # another open of the lock: it is held
+    code = (
+        "import runpy, sys; sys.argv = ['x', 'lab']\n"
+        "try:\n    runpy.run_module('orchestrator.agent', run_name='__main__')\n"
+        "except SystemExit as e:\n    assert e.code == 0, e.code\n"
+        "assert 'orchestrator.agent.daemon' not in sys.modules and 'orchestrator.assembly' not in sys.modules"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], env={**os.environ, "HP_HOME": str(tmp_path)}, capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr
+    held.close()
+    assert holder(tmp_path, "lab") is None

@@ -62,6 +62,11 @@ LAZY: dict[tuple[str, str], str] = {
     ("services/endpoints.py", "prometheus_client"): "only the agent serves metrics, not the CLI's queries",
     ("docker/wire.py", "ssl"): "TLS only to an engine that speaks it: `hp exec` on the local socket loads no ssl",
     ("docker/wire.py", "subprocess"): "ssh only to an engine reached through it (the quick `hp exec` loads none)",
+    ("state/home.py", "pathlib"): "a Path only for the callers that hold one: the quick `hp exec` loads no pathlib",
+    ("core/agentlock.py", "pathlib"): "types only: the quick `hp exec` loads no pathlib",
+    ("agent/__main__.py", "orchestrator"): "the lock first, then the agent's 0.3-0.5 s of imports: an `hp exec` "
+    "just after `hp create` finds the agent alive",
+    ("core/agentlock.py", "typing"): "types only",
     ("cluster/target.py", "typing"): "types only: the quick `hp exec` (cli/quick.py) loads no typing (5 ms)",
     ("cluster/target.py", "orchestrator"): "types only: the quick `hp exec` loads neither views.py nor dataclasses",
     ("services/metrics.py", "prometheus_client"): "only the agent serves metrics, not the CLI's queries",
