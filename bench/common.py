@@ -185,7 +185,7 @@ def first_job_floor() -> float:
                         "slurm.key": (key, 0o600, SLURM_UID),
                         "slurmdbd.conf": (slurmdbd_conf(spec, password).encode(), 0o600, SLURM_UID),
                     },
-                    "/etc/mysql": {"hp-init.sql": (init_sql(password), 0o600, 0)},
+                    "/etc/mysql": {"hp-init.sql": (init_sql(password, name), 0o600, 0)},
                 }
                 return make(
                     SERVICE_HOSTS["accounting"],

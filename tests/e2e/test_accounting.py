@@ -101,9 +101,10 @@ def test_sacct_shows_state_and_exit_code_within_2_s_of_the_end(lab: tuple[Hp, st
 
 
 def test_slurmdbds_schema_came_with_the_image_and_its_build_user_did_not(lab: tuple[Hp, str]) -> None:
-    """The database image carries slurmdbd's own tables (made at build: the Dockerfile's
-    dbschema stage), so a new cluster's slurmdbd only checks them; the build's throwaway
-    database user is not in it, and the cluster's tables were made by its registration."""
+    """The database image carries slurmdbd's own tables and a seed cluster's (made at build:
+    the Dockerfile's dbschema stage), so a new cluster's slurmdbd and its registration only
+    check them; the build's throwaway database user is not in it, and the seed's tables are
+    the cluster's own (renamed at the database's first start), with no seed rows left."""
     h, name = lab
     eng = DockerEngine()
     db = f"hp-{name}-slurmdbd"  # MariaDB runs in slurmdbd's container
@@ -115,12 +116,20 @@ def test_slurmdbds_schema_came_with_the_image_and_its_build_user_did_not(lab: tu
         in_image = eng.api.logs(c["Id"]).decode().split()
     finally:
         eng.api.remove_container(c["Id"], force=True)
-    assert {"tres_table.frm", "qos_table.frm", "cluster_table.frm", "user_table.frm"} <= set(in_image), in_image
-    sql = "select concat(user,'@',host) from mysql.user; show tables from slurm_acct_db"
+    assert {"tres_table.frm", "qos_table.frm", "cluster_table.frm", "hpseed_job_table.frm"} <= set(in_image), in_image
+    sql = (
+        "select concat(user,'@',host) from mysql.user; show tables from slurm_acct_db;"
+        " select concat('cluster:', name) from slurm_acct_db.cluster_table where deleted = 0;"
+        " select concat('def:', table_name) from slurm_acct_db.table_defs_table"
+    )
     res = eng.api.exec_create(db, ["mariadb", "--skip-ssl", "-N", "-e", sql])
     rows = eng.api.exec_start(res["Id"]).decode().split()
     assert "slurm@%" in rows and "slurm@127.0.0.1" not in rows, rows
-    assert f"{name.lower()}_job_table" in rows, rows  # made when slurmctld registered the cluster
+    cluster = name.lower()
+    assert f"{cluster}_job_table" in rows and f"{cluster}_assoc_usage_month_table" in rows, rows
+    assert not [r for r in rows if "hpseed" in r], rows  # renamed, and the seed's own rows removed
+    assert f"cluster:{cluster}" in rows, rows
+    assert f'def:"{cluster}_job_table"' in rows, rows  # slurmdbd's record of the renamed table
     # the volume stays small: files grow 1 MiB at a time (MariaDB's default step, 64 MiB,
     # grew ibdata1 and ibtmp1 by 64 MiB each at the registration: 161 MB a cluster)
     res = eng.api.exec_create(db, ["du", "-sk", "/var/lib/mysql"])

@@ -75,6 +75,14 @@ def test_slurm_conf_and_slurmdbd_conf(tmp_path):
     assert "StoragePass=pw123" in dbd and "StorageHost=127.0.0.1" in dbd and "jwt_key=/etc/slurm/jwt.key" in dbd
 
 
+def test_init_sql_renames_the_seed_tables_to_the_clusters_as_slurm_names_them():
+    sql = accounting.init_sql("pw123", "Lab-2").decode()
+    assert "IDENTIFIED BY 'pw123'" in sql and "${" not in sql
+    # Slurm lower-cases the name; the seed's tables become `lab-2_...`, slurmdbd's record of them too
+    assert "`slurm_acct_db`.`lab-2'" in sql and "CONCAT('\"lab-2'" in sql and "Lab-2" not in sql
+    assert "LIKE 'hpseed\\_%'" in sql and "RENAME TABLE" in sql
+
+
 # -- create -----------------------------------------------------------------------------------
 def test_create_starts_slurmdbd_with_its_database_and_slurmctld_at_once_then_the_nodes(tmp_path):
     # each daemon waits in its entry for the one it needs (images/node/hp-entry), not for
