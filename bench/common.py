@@ -286,6 +286,11 @@ def started(p: DockerProvider, ids: list[str], spec: ContainerSpec, files: dict[
     return cid
 
 
+# networks of earlier runs that Docker would not remove (Docker 20.10 can keep counting
+# the endpoints of a network's removed containers until dockerd restarts): tried once
+_LEFT: set[str] = set()
+
+
 @contextmanager
 def bench_network(p: DockerProvider, net: str) -> Iterator[list[str]]:
     """A bridge network of the bench's own (made on entry), and the list of the containers
@@ -293,10 +298,11 @@ def bench_network(p: DockerProvider, net: str) -> Iterator[list[str]]:
     still counts endpoints on it after NETWORK_BUSY_S; the next bench run removes it)."""
     ids: list[str] = []
     for left in p.api.networks(filters={"label": "io.hp.bench"}):  # an earlier run's, once Docker let go of it
-        if not p.api.inspect_network(left["Id"]).get("Containers"):
-            try:
-                remove_network(p, left["Id"])
+        if left["Id"] not in _LEFT and not p.api.inspect_network(left["Id"]).get("Containers"):
+            try:  # one try, not remove_network's wait: this runs inside the floors' timings
+                p.remove_network(left["Id"])
             except EngineError as e:
+                _LEFT.add(left["Id"])
                 print(f"warning: an earlier bench's network is still left: {e}", file=sys.stderr)
     try:
         p.api.create_network(net, driver="bridge", labels={"io.hp.bench": net})

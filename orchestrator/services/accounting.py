@@ -5,7 +5,7 @@ like the nodes, but not Slurm nodes.
 Order (measured: docs/accounting.md). Accounting's container and the controller's are
 started at once, first of a new cluster's containers, and each daemon waits in its entry
 for the one it needs to accept connections (images/node/hp-entry: slurmdbd for MariaDB's
-port, slurmctld for slurmdbd's, a connect every 0.05 s): no round trip through hp
+port, slurmctld for slurmdbd's, a connect every 0.01 s): no round trip through hp
 between them. So
 slurmctld registers the cluster at its first start (no `sacctmgr add cluster`, no
 CLUSTER ID MISMATCH), and create checks that slurmdbd said "slurmdbd version ...
