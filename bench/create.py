@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import secrets
 import statistics
 import subprocess
 import sys
@@ -55,12 +56,17 @@ from orchestrator.spec.catalogue import load_catalogue
 
 def hp_create(n: int, home: str) -> float:
     env = bench_env(home)
-    name = f"bench{n}"
+    name = f"bench{n}-{secrets.token_hex(2)}"  # a network Docker keeps (below) does not block the next
     spec = write_json(Path(home) / f"{name}.json", spec_doc(name, n))
     t0 = time.monotonic()
     hp(env, "create", "-f", spec)
     dt = time.monotonic() - t0
-    hp(env, "delete", name)
+    r = hp(env, "delete", name, check=False)
+    if r.returncode != 0:  # the figure is taken; Docker 20.10 may keep counting a network's
+        # endpoints after its containers are gone, until dockerd restarts (moby/moby#42119)
+        if DockerProvider().containers(name) or "has active endpoints" not in r.stderr:
+            raise SystemExit(f"hp delete {name} failed ({r.returncode}):\n{r.stderr[-3000:]}")
+        print(f"warning: hp delete {name} left its network: {r.stderr.strip()[-300:]}", file=sys.stderr)
     return dt
 
 
