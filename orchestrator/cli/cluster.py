@@ -289,6 +289,8 @@ def delete(name: str, json_out: bool = JsonOpt) -> None:
                 f"warning: {removed['unreachable_hosts']} host(s) do not answer: what they hold of {name} is left "
                 f"there; run 'hp delete {name}' again once they are back (hp hosts list)"
             )
+        if removed.get("warning"):
+            out.info(f"warning: {removed['warning']}")
 
 
 def version(

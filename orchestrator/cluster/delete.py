@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shlex
 import shutil
+from typing import Any
 
 from ..core.context import Cluster, Env
 from ..errors import BadInput, NotFound, OperationFailed
@@ -14,10 +15,10 @@ from ..services.ports import forget
 from ..slurm.model import DELETING_REASON
 from ..state.home import cluster_folder
 from ..state.transitions import ClusterStatus
-from .teardown import other_home, remove_resources
+from .teardown import KEPT_BY_DOCKER, other_home, remove_resources
 
 
-def delete(env: Env, name: str) -> dict[str, int]:
+def delete(env: Env, name: str) -> dict[str, Any]:
     """Stop the cluster's agent and health checks, drain its workers, remove everything
     labelled for it, and forget it (its events stay a while: `hp events NAME`)."""
     row = env.store.cluster(name)
@@ -56,6 +57,9 @@ def delete(env: Env, name: str) -> dict[str, int]:
             f"Cluster {name}: host(s) {', '.join(sorted(down))} do not answer: what they hold of the cluster is "
             f"left there; run 'hp delete {name}' again once they are back",
         )
+    elif kept := removed.get("left_networks"):
+        removed["warning"] = f"network(s) {', '.join(kept)} left: {KEPT_BY_DOCKER}"
+        env.store.event(name, "Cluster", "Warn", f"Cluster {name}: {removed['warning']}")
     if row is not None:
         env.store.event(name, "Cluster", "Info", f"Cluster {name} deleted")
         env.store.remove_cluster(name)

@@ -5,6 +5,7 @@ create's rollback, which loads none of delete's health-check and endpoint wiring
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from .. import waits
 from ..core.context import Env, parallel
@@ -15,13 +16,22 @@ from ..naming import L_HOME
 from ..state.home import cluster_folder
 
 NETWORK_BUSY_S = 15.0  # an overlay's endpoints on other hosts go a moment after their containers
+BUSY = "has active endpoints"  # Docker's answer to removing a network it counts endpoints on
+# why a network is left when hosts answer and the cluster's containers are gone (delete.py)
+KEPT_BY_DOCKER = (
+    "Docker still counts endpoints on it though none of the cluster's containers is left: a container "
+    "that is not hp's is attached to it, or Docker kept the count of removed ones (Docker 20.10 does, "
+    "after many containers leave at once: moby/moby#42119; restarting dockerd frees it). Until it is "
+    "gone a new cluster of this name cannot be made"
+)
 
 
 def remove_network(p: Provider, net: str) -> bool:
     """Remove a network whose containers were just removed. Docker 20.10 may still count
     their endpoints for a moment ("has active endpoints"; an overlay's, on other hosts,
-    a while longer): tried again for up to NETWORK_BUSY_S. False when it is left because
-    a container on a host that does not answer still uses it."""
+    a while longer): tried again for up to NETWORK_BUSY_S. False when it is left: a
+    container on a host that does not answer still uses it, or Docker still counts
+    endpoints on it after that time (KEPT_BY_DOCKER); any other error is raised."""
 
     def attempt() -> bool:
         try:
@@ -34,26 +44,33 @@ def remove_network(p: Provider, net: str) -> bool:
                 return False
             raise
 
-    return waits.until(attempt, lambda _: True, every=0.3, timeout=NETWORK_BUSY_S, retry_on=EngineError)
+    try:
+        return waits.until(attempt, lambda _: True, every=0.3, timeout=NETWORK_BUSY_S, retry_on=EngineError)
+    except EngineError as e:
+        if BUSY in str(e):
+            return False
+        raise
 
 
-def remove_resources(p: Provider, name: str) -> dict[str, int]:
+def remove_resources(p: Provider, name: str) -> dict[str, Any]:
     """Remove every container, then network and volume labelled for cluster `name` (on
-    every reachable host; a network still in use by a container on a host that does not
-    answer is left, and counted in "left")."""
+    every reachable host). A network left (remove_network) is counted in "left", its name
+    in "left_networks"; the volumes are removed all the same."""
     containers = p.containers(name)
     parallel(lambda c: p.remove_container(c.id), containers)
     nets = p.networks(name)
-    left = sum(not remove_network(p, n.id) for n in nets)
+    kept = [n.name for n in nets if not remove_network(p, n.id)]
+    left = len(kept)
     if nets and not left and not p.unreachable() and "" not in p.engines():
         # a swarm overlay leaves every host's list a moment after the manager removed it
         waits.poll(lambda: not p.networks(name), every=0.2, timeout=NETWORK_BUSY_S)
     vols = p.volumes(name)
     for v in sorted({v.name for v in vols}):  # one name may be on several hosts
         p.remove_volume(v)
-    out = {"containers": len(containers), "networks": len(nets) - left, "volumes": len(vols)}
+    out: dict[str, Any] = {"containers": len(containers), "networks": len(nets) - left, "volumes": len(vols)}
     if left:
         out["left"] = left
+        out["left_networks"] = kept
     return out
 
 
