@@ -75,12 +75,16 @@ def test_slurm_conf_and_slurmdbd_conf(tmp_path):
     assert "StoragePass=pw123" in dbd and "StorageHost=127.0.0.1" in dbd and "jwt_key=/etc/slurm/jwt.key" in dbd
 
 
-def test_init_sql_renames_the_seed_tables_to_the_clusters_as_slurm_names_them():
+def test_init_sql_renames_the_seed_cluster_and_its_tables_to_the_clusters_as_slurm_names_them():
     sql = accounting.init_sql("pw123", "Lab-2").decode()
     assert "IDENTIFIED BY 'pw123'" in sql and "${" not in sql
     # Slurm lower-cases the name; the seed's tables become `lab-2_...`, slurmdbd's record of them too
     assert "`slurm_acct_db`.`lab-2'" in sql and "CONCAT('\"lab-2'" in sql and "Lab-2" not in sql
     assert "LIKE 'hpseed\\_%'" in sql and "RENAME TABLE" in sql
+    # the seed's cluster row and the tables' definitions name the cluster (its registration
+    # then only updates the row, and slurmdbd finds the definitions current)
+    assert "SET name = 'lab-2'" in sql and "WHERE name = 'hpseed'" in sql
+    assert "REPLACE(definition, '\"hpseed_', '\"lab-2_')" in sql
 
 
 # -- create -----------------------------------------------------------------------------------
