@@ -61,12 +61,10 @@ def hp_create(n: int, home: str) -> float:
     t0 = time.monotonic()
     hp(env, "create", "-f", spec)
     dt = time.monotonic() - t0
-    r = hp(env, "delete", name, check=False)
-    if r.returncode != 0:  # the figure is taken; Docker 20.10 may keep counting a network's
-        # endpoints after its containers are gone, until dockerd restarts (moby/moby#42119)
-        if DockerProvider().containers(name) or "has active endpoints" not in r.stderr:
-            raise SystemExit(f"hp delete {name} failed ({r.returncode}):\n{r.stderr[-3000:]}")
-        print(f"warning: hp delete {name} left its network: {r.stderr.strip()[-300:]}", file=sys.stderr)
+    r = hp(env, "delete", name)
+    for line in r.stderr.splitlines():  # what the delete left (a network Docker still counts
+        if line.startswith("warning:"):  # endpoints on: moby/moby#42119), passed on
+            print(f"hp delete {name}: {line}", file=sys.stderr)
     return dt
 
 

@@ -104,7 +104,8 @@ def test_slurmdbds_schema_came_with_the_image_and_its_build_user_did_not(lab: tu
     """The database image carries slurmdbd's own tables and a seed cluster's (made at build:
     the Dockerfile's dbschema stage), so a new cluster's slurmdbd and its registration only
     check them; the build's throwaway database user is not in it, and the seed's tables are
-    the cluster's own (renamed at the database's first start), with no seed rows left."""
+    the cluster's own (renamed, with the seed's cluster row, at the database's first start):
+    nothing is named after the seed any more."""
     h, name = lab
     eng = DockerEngine()
     db = f"hp-{name}-slurmdbd"  # MariaDB runs in slurmdbd's container
@@ -132,7 +133,7 @@ def test_slurmdbds_schema_came_with_the_image_and_its_build_user_did_not(lab: tu
     assert "slurm@%" in rows and "slurm@127.0.0.1" not in rows, rows
     cluster = name.lower()
     assert f"{cluster}_job_table" in rows and f"{cluster}_assoc_usage_month_table" in rows, rows
-    assert not [r for r in rows if "hpseed" in r], rows  # renamed, and the seed's own rows removed
+    assert not [r for r in rows if "hpseed" in r], rows  # tables, definitions and cluster row renamed
     assert f"cluster:{cluster}" in rows, rows
     assert f'def:"{cluster}_job_table"' in rows, rows  # slurmdbd's record of the renamed table
     # the volume stays small: files grow 1 MiB at a time (MariaDB's default step, 64 MiB,
