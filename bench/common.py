@@ -277,11 +277,11 @@ def start_floor(n: int) -> float:
 
 def started(p: DockerProvider, ids: list[str], spec: ContainerSpec, files: dict[str, dict] | None = None) -> str:
     """A floor's container: created (noted in `ids`, for bench_network to remove), its
-    files put (directory -> files), started."""
+    files put (directory -> files, in one copy), started."""
     cid = p.create_container(spec)
     ids.append(cid)
-    for at, fs in (files or {}).items():
-        p.put_files(cid, at, fs)
+    if files:  # one copy (each is a mount of the container's file system by the engine)
+        p.put_files(cid, "/", {f"{at.strip('/')}/{name}": f for at, fs in files.items() for name, f in fs.items()})
     p.start(cid)
     return cid
 

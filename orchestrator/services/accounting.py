@@ -189,9 +189,11 @@ def files(cluster: Cluster, role: str, slurm_conf: bytes | None) -> dict[str, Fi
 def create(cluster: Cluster, role: str, image: str, slurm_conf: bytes | None = None) -> str:
     """Create (not start) a service's container with its files; its id."""
     cid = cluster.p.create_container(container_spec(cluster, role, image))
+    # one copy into the container: each is a mount of its file system by the engine (on
+    # accounting's chain, which slurmctld waits for: 2 copies 75 ms, one 36-44 ms)
+    put = {f"{d.strip('/')}/{name}": f for d, fs in files(cluster, role, slurm_conf).items() for name, f in fs.items()}
     try:
-        for directory, fs in files(cluster, role, slurm_conf).items():
-            cluster.p.put_files(cid, directory, fs)
+        cluster.p.put_files(cid, "/", put)
     except EngineError:
         cluster.p.remove_container(cid)
         raise
