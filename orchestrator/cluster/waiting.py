@@ -18,6 +18,7 @@ def wait_groups(env: Env, name: str, groups: list[str], timeout: float, show: Ca
     last: list[str | None] = [None]  # the line shown last
 
     def look() -> tuple[dict[str, Any], str]:  # the cluster's description and its progress line
+        env.agents.ensure(name)  # the agent does the work: one gone meanwhile is started again
         doc = describe(env, name)
         gs = [g for g in doc["InstanceGroups"] if g["InstanceGroupName"] in groups]
         line = "  ".join(

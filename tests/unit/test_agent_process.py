@@ -265,3 +265,40 @@ def test_the_agent_takes_its_lock_before_it_loads_itself(tmp_path: Path) -> None
     assert r.returncode == 0, r.stderr
     held.close()
     assert holder(tmp_path, "lab") is None
+
+
+def test_looks_at_the_lock_neither_turn_an_agent_away_nor_make_one_up(tmp_path: Path) -> None:
+    """CI saw `hp scale --wait` time out with no agent: the one starting met a look (ensure,
+    poke) holding the lock for a moment, took it for another agent and left. Looks hold it
+    shared now: an agent waits them out, and two looks at once never see each other as an
+    agent (which made a stale pid file read as a live agent)."""
+    import threading
+
+    from orchestrator.core.agentlock import holder, take
+
+    _, pidf, _ = paths(tmp_path, "lab")
+    pidf.write_text("999999")  # a dead agent's
+    stop, seen = threading.Event(), []
+
+    def look() -> None:
+        while not stop.is_set():
+            if (pid := holder(tmp_path, "lab")) is not None:
+                seen.append(pid)
+
+    looks = [threading.Thread(target=look) for _ in range(3)]
+    for t in looks:
+        t.start()
+    try:
+        turned_away = 0
+        for _ in range(200):
+            f = take(tmp_path, "lab")
+            if f is None:
+                turned_away += 1
+            else:
+                f.close()
+    finally:
+        stop.set()
+        for t in looks:
+            t.join()
+    assert turned_away == 0
+    assert set(seen) <= {os.getpid(), -1}  # the live taker (its pid file being written: -1), never the dead one
