@@ -12,6 +12,7 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -21,7 +22,7 @@ import pytest
 from fakes import force_status
 
 from orchestrator.core import agents
-from orchestrator.core.agentlock import paths
+from orchestrator.core.agentlock import holder, paths, take
 from orchestrator.core.agents import DEAD_STATUSES, AgentProcesses
 from orchestrator.state.store import Store
 from orchestrator.state.transitions import ClusterStatus
@@ -248,8 +249,6 @@ def test_stop_when_the_agent_is_gone_before_the_kill(store: Store, monkeypatch: 
 def test_the_agent_takes_its_lock_before_it_loads_itself(tmp_path: Path) -> None:
     """agent/__main__.py takes the cluster's lock first: a second agent of the same cluster
     leaves at once, having loaded none of the agent's modules; the first's pid is recorded."""
-    from orchestrator.core.agentlock import holder, take
-
     held = take(tmp_path, "lab")
     assert held is not None and holder(tmp_path, "lab") == os.getpid()
     assert take(tmp_path, "lab") is None  # another open of the lock: it is held
@@ -272,10 +271,6 @@ def test_looks_at_the_lock_neither_turn_an_agent_away_nor_make_one_up(tmp_path: 
     poke) holding the lock for a moment, took it for another agent and left. Looks hold it
     shared now: an agent waits them out, and two looks at once never see each other as an
     agent (which made a stale pid file read as a live agent)."""
-    import threading
-
-    from orchestrator.core.agentlock import holder, take
-
     _, pidf, _ = paths(tmp_path, "lab")
     pidf.write_text("999999")  # a dead agent's
     stop, seen = threading.Event(), []
