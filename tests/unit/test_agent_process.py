@@ -1,8 +1,8 @@
 """Process control of the per-cluster agents (orchestrator/core/agents.py): alive means
 holding the cluster's lock file. The only processes started here are tiny stand-ins
 that hold the lock the way `python -m orchestrator.agent` does (core/agentlock.take) and talk to
-nothing; the agent itself is never started (subprocess.Popen is replaced where ensure()
-would start one)."""
+nothing; the agent itself is started once, for a cluster the store does not know (it ends
+at its first look), and never by ensure() (subprocess.Popen is replaced there)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -297,3 +298,30 @@ def test_looks_at_the_lock_neither_turn_an_agent_away_nor_make_one_up(tmp_path: 
             t.join()
     assert turned_away == 0
     assert set(seen) <= {os.getpid(), -1}  # the live taker (its pid file being written: -1), never the dead one
+
+
+def test_a_poke_as_soon_as_the_agent_holds_the_lock_does_not_end_it(tmp_path: Path) -> None:
+    """CI: `hp scale` just after `hp create` poked the new agent (SIGUSR1) before its
+    handler was set, while it loaded its modules; SIGUSR1's default ended it and the
+    scale-up never began. The agent is started for real here, for a cluster the store does
+    not know: it gets as far as its first look at the store, then ends (not by the signal)."""
+    _, pidf, _ = paths(tmp_path, "lab")
+    p = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator.agent", "lab"],
+        env={**os.environ, "HP_HOME": str(tmp_path)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while not (pidf.exists() and pidf.read_text().strip()) and p.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.0005)
+        os.kill(p.pid, signal.SIGUSR1)  # the module load after the lock takes 0.1-0.5 s: this lands in it
+        _, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(5)
+    assert p.returncode != -signal.SIGUSR1, "the poke ended the agent"
+    assert "does not exist" in err  # it reached the store: past the window the poke fell in

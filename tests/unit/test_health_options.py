@@ -168,6 +168,8 @@ def test_stress_command_is_an_argv_list_without_a_shell():
         str(3 << 29),
         "--verify",
         "--metrics-brief",
+        "--cache-size",  # not the last-level cache's size: 300 MiB on a 2026 Xeon
+        "64K",
         "--timeout",
         "3s",
     ]

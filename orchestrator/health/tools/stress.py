@@ -31,6 +31,11 @@ HEADROOM_BYTES = 32 * 2**20
 HEADROOM_PER_CPU_BYTES = 4 * 2**20
 VM_MIN_BYTES = 4 * 2**20  # a smaller memory stressor proves nothing: the check cannot run
 ROOM_TIMEOUT_S = 60  # room_command: what the kernel may take to reclaim before the run
+# stress-ng maps a shared buffer the size of the last-level cache at start-up, whatever
+# the stressors (for its cache stressor, not run here): on a host whose CPU reports a
+# 300 MiB L3 (Xeon, 2026-12) that alone OOM-killed every check in a 256 MiB container.
+# Both runs name a small one, so what a check charges is its stressors.
+CACHE_SIZE = "64K"
 
 
 @dataclass(frozen=True)
@@ -187,6 +192,8 @@ def room_command(vm_bytes: int | str | None, mem: CgroupMemory | None, cpus: int
         "--vm-populate",
         "--vm-ops",
         "1",
+        "--cache-size",
+        CACHE_SIZE,
         "--timeout",
         f"{ROOM_TIMEOUT_S}s",
         "--quiet",
@@ -236,6 +243,8 @@ def stress_command(opts: StressOptions, cpus: float | None, vm_bytes: int | str)
         size,
         "--verify",
         "--metrics-brief",
+        "--cache-size",
+        CACHE_SIZE,
         "--timeout",
         f"{int(opts.seconds)}s",
     ]
