@@ -20,13 +20,14 @@ sys.path.insert(0, str(ROOT))
 
 from orchestrator.cluster.teardown import remove_network  # noqa: E402
 from orchestrator.core.context import SLURM_UID  # noqa: E402
+from orchestrator.core.launcher import ACCOUNTING_QUOTA  # noqa: E402
 from orchestrator.docker import images as image_sets  # noqa: E402
 from orchestrator.docker.engine import DockerEngine as DockerProvider
 from orchestrator.docker.images import Images  # noqa: E402
 from orchestrator.docker.views import ContainerSpec  # noqa: E402
 from orchestrator.errors import EngineError  # noqa: E402
 from orchestrator.naming import node_name  # noqa: E402
-from orchestrator.services.accounting import LIMITS, SERVICE_HOSTS, init_sql  # noqa: E402
+from orchestrator.services.accounting import init_sql  # noqa: E402
 from orchestrator.slurm.client import SlurmCli as Slurm  # noqa: E402
 from orchestrator.slurm.conf import controller_node, render, slurmd_conf, slurmdbd_conf  # noqa: E402
 from orchestrator.spec.catalogue import load_catalogue  # noqa: E402
@@ -150,10 +151,11 @@ def first_job_floor() -> float:
     each): the services and the controller created and started at once on threads, and
     the nodes as soon as the database's start returned, each started as it is made
     (2.3-3.1 s; every container at once: 3.4-3.8 s; the nodes after the controller's
-    start: 2.6-3.2 s; after all three: 2.9 s). Now accounting is one container (MariaDB
-    and slurmdbd) and the nodes begin once its start returned. Each entry waits for the
-    daemon it needs (slurmdbd for MariaDB, slurmctld for slurmdbd, the nodes for
-    slurmctld). Slurm polled every 0.05 s until 4 nodes are idle,
+    start: 2.6-3.2 s; after all three: 2.9 s). Now MariaDB and slurmdbd run in the
+    controller's container (its quota grown by theirs, core/launcher.py ACCOUNTING_QUOTA),
+    and the nodes begin once its start returned (with it: 2.13 vs 1.68 s, docs/benchmarks.md).
+    Its entry starts each daemon once the one it needs answers (slurmdbd for MariaDB,
+    slurmctld for slurmdbd), the nodes' wait for slurmctld. Slurm polled every 0.05 s until 4 nodes are idle,
     then `srun -N4 hostname` as hpuser on the login node through docker exec (again at
     once should it fail). The same work as hp's default create and first job, minus hp
     itself (Python, imports, checks, state, events, the agent)."""
@@ -163,7 +165,7 @@ def first_job_floor() -> float:
     name = f"floorjob{secrets.token_hex(3)}"
     spec = validate({**DEFAULT_SPEC, "ClusterName": name}, cat)
     assert spec.accounting, "the default cluster has accounting on"
-    imgs = Images(p).refs(image_sets.NODE_IMAGES + image_sets.SERVICE_IMAGES)
+    imgs = Images(p).refs(image_sets.NODE_IMAGES)
     conf = render(spec, cat).encode()
     key, password = secrets.token_bytes(64), secrets.token_hex(16)
     net = f"floor-{name}"
@@ -178,34 +180,23 @@ def first_job_floor() -> float:
                 spec = ContainerSpec(name=f"{net}-{host}", image=image, hostname=host, labels=lab, network=net, **kw)
                 return started(p, ids, spec, files)
 
-            def accounting() -> str:
-                cpus, mib = LIMITS["accounting"]
-                files = {
-                    "/etc/slurm": {
-                        "slurm.key": (key, 0o600, SLURM_UID),
-                        "slurmdbd.conf": (slurmdbd_conf(spec, password).encode(), 0o600, SLURM_UID),
-                    },
-                    "/etc/mysql": {"hp-init.sql": (init_sql(password, name), 0o600, 0)},
-                }
-                return make(
-                    SERVICE_HOSTS["accounting"],
-                    imgs["accounting"],
-                    files,
-                    environment={"HP_CLUSTER": name, "HP_CONTROLLER": ctl},
-                    cpu_limit=cpus,
-                    memory_bytes=mib * 2**20,
-                    volumes={vols["db"]: "/var/lib/mysql"},
-                )
-
             def controller() -> str:
                 t = cat[spec.controller.InstanceType]
+                files = {
+                    "/etc/slurm": {
+                        "slurm.conf": (conf, 0o644, 0),
+                        "slurm.key": (key, 0o600, SLURM_UID),
+                        "slurmdbd.conf": (slurmdbd_conf(spec, password).encode(), 0o600, SLURM_UID),
+                        "hp-init.sql": (init_sql(password, name), 0o600, 0),
+                    }
+                }
                 return make(
                     ctl,
                     imgs["controller"],
-                    {"/etc/slurm": {"slurm.conf": (conf, 0o644, 0), "slurm.key": (key, 0o600, SLURM_UID)}},
-                    cpu_limit=t.cpu_limit,
-                    memory_bytes=t.memory_mib * 2**20,
-                    volumes={vols["state"]: "/var/spool/slurmctld"},
+                    files,
+                    cpu_limit=t.cpu_limit + ACCOUNTING_QUOTA[0],
+                    memory_bytes=(t.memory_mib + ACCOUNTING_QUOTA[1]) * 2**20,
+                    volumes={vols["state"]: "/var/spool/slurmctld", vols["db"]: "/var/lib/mysql"},
                 )
 
             def node(g: object, i: int) -> str:
@@ -231,12 +222,10 @@ def first_job_floor() -> float:
                 for i in range(1, g.InstanceCount + 1)
             ]
             with ThreadPoolExecutor(32) as ex:
-                dbd = ex.submit(accounting)
-                c = ex.submit(controller)
-                dbd.result()  # the nodes' starts would slow the chain's: they begin once accounting's started
+                c = controller()  # the nodes' starts would slow its chain: they begin once it started
                 made = [ex.submit(node, g, i) for g, i in nodes]
                 login = next(f.result() for (g, _), f in zip(nodes, made, strict=True) if g.node_type == "Login")
-                slurm = Slurm(p, c.result())
+                slurm = Slurm(p, c)
                 [f.result() for f in made]
             want = sum(g.InstanceCount for g in spec.compute)
             while sum(1 for x in slurm.nodes() if x.usable) < want:

@@ -31,7 +31,8 @@ NODE_ROLES = ("controller", "login", "worker")
 # Cluster services (not Slurm nodes): role -> the container's hostname (its alias on the
 # cluster's network, the name slurm.conf and slurmdbd.conf use). A node's name always
 # ends in -<index>, so none of these can be a node's.
-# Accounting is one container: slurmdbd and its MariaDB (images/node/hp-entry).
+# "accounting": an older cluster's container of slurmdbd and its MariaDB (both run in the
+# controller's container now: images/node/hp-entry).
 SERVICE_HOSTS = {"accounting": "slurmdbd", "rest": "slurmrestd"}
 
 
@@ -104,7 +105,8 @@ def service_container(cluster: str, role: str) -> str:
 
 
 def database_volume(cluster: str) -> str:
-    """The accounting database's data (MariaDB's datadir, in slurmdbd's container)."""
+    """The accounting database's data (MariaDB's datadir, in the controller's container;
+    an older cluster's: in slurmdbd's)."""
     return f"hp-{cluster}-db"
 
 

@@ -11,9 +11,10 @@
   containers that start register in it (with the drain their slurmd --conf asks for)
   when `auto_register` is on, as slurmd would. Accounting answers from `acct_ping` (or,
   by default, from the services' containers: slurmdbd's, with its database, running).
-- service_started(p): accounting's container says in its log, when it starts, what its
-  two daemons say when ready (MariaDB's "ready for connections", then slurmdbd's "...
-  started").
+- service_started(p): a container that runs accounting's daemons says in its log, when
+  it starts, what they say when ready (MariaDB's "ready for connections", then slurmdbd's
+  "... started"): the controller's when it was given slurmdbd.conf (hp-entry then runs
+  them beside slurmctld), an older cluster's accounting (or database) container.
 - FakeAgents: agent process control that starts nothing.
 - world(): an Env wired with all three and a private Store; multi_world(): the same
   over a MultiHostProvider of several fake engines (registered hosts h1, h2, ...), the
@@ -497,12 +498,20 @@ READY_LINES = {
 }
 
 
+def runs_accounting(c: FakeContainer) -> bool:
+    """The controller's container runs slurmdbd and MariaDB when it has slurmdbd.conf."""
+    return c.spec.labels.get("io.hp.role") == "controller" and any(
+        k.lstrip("/") == "etc/slurm/slurmdbd.conf" for k in c.files
+    )
+
+
 def service_started(p: FakeProvider) -> Callable[[FakeContainer], None]:
-    """A cluster service's container says it is ready, as the real ones do (accounting's:
-    its database, then slurmdbd)."""
+    """A container running accounting's daemons says they are ready, as the real ones do
+    (its database, then slurmdbd)."""
 
     def hook(c: FakeContainer) -> None:
-        if line := READY_LINES.get(c.spec.labels.get("io.hp.role", "")):
+        role = "accounting" if runs_accounting(c) else c.spec.labels.get("io.hp.role", "")
+        if line := READY_LINES.get(role):
             c.logs += line + "\n"
 
     return hook
@@ -638,11 +647,12 @@ class FakeSlurm:
         self.calls.append(("accounting_ping", ()))
         if self.acct_ping is not None:
             return self.acct_ping
-        roles = {
-            c.spec.labels.get("io.hp.role"): c.state
+        dbd = [
+            c
             for c in (self.provider.containers_.values() if self.provider else [])
-        }
-        if roles.get("accounting") != "running":
+            if c.spec.labels.get("io.hp.role") == "accounting" or runs_accounting(c)
+        ]
+        if not any(c.state == "running" for c in dbd):
             return AccountingPing(False, False, True, "")
         return AccountingPing(True, False, False, "slurmdbd answers")
 
@@ -707,7 +717,7 @@ class World:
     home: Path
 
 
-NODE_IMAGE_NAMES = ("controller", "login", "worker", "accounting", "rest", "check-cpu")
+NODE_IMAGE_NAMES = ("controller", "login", "worker", "rest", "check-cpu")
 
 
 def world(tmp_path: Path, cpus: int = 8, memory_mib: int = 16384, build: bool = True) -> World:

@@ -1,10 +1,10 @@
 """`hp create`: a list of named actions (as kind's create), with progress reported per
 action and per group, and one rollback path.
 
-The actions: network, volumes and key; the controller (with Accounting slurmdbd's
-container, MariaDB inside, made and started on a thread while the controller's is: each
-entry waits for the daemon it needs, services/accounting.py); once that one started
-(without Accounting: at once), the login and compute nodes, recorded Queued and
+The actions: network, volumes and key; the controller (with Accounting, slurmdbd and
+MariaDB in its container: its entry starts each daemon once the one it needs answers,
+services/accounting.py), started on a thread; once it started (without Accounting: at
+once), the login and compute nodes, recorded Queued and
 created through the reconciler's launch (reconciler.py: the agent's launch path) and
 started at once on a thread (their entry runs the lifecycle script, then waits for
 slurmctld to listen), GPU nodes and slurmrestd (Rest) the moment slurmctld
@@ -114,11 +114,10 @@ def has_gpus(spec: ClusterSpec, catalogue: Mapping) -> bool:
 
 def image_defs(spec: ClusterSpec, catalogue: Mapping | None = None, multihost: bool = False) -> tuple:
     """The node images; the check images when a group checks new nodes on start; the
-    GPU check image (checks and the passive GPU monitor) when a group has GPUs; the service
-    images (Accounting, Rest); with registered hosts, the /home-mounting node image and
-    the file server."""
-    services = {"accounting": spec.accounting, "rest": spec.rest}
-    defs = image_sets.NODE_IMAGES + tuple(d for d in image_sets.SERVICE_IMAGES if services[d.name])
+    GPU check image (checks and the passive GPU monitor) when a group has GPUs; slurmrestd's
+    (Rest; Accounting runs in the controller's image); with registered hosts, the
+    /home-mounting node image and the file server."""
+    defs = image_sets.NODE_IMAGES + tuple(d for d in image_sets.SERVICE_IMAGES if d.name == "rest" and spec.rest)
     defs += image_sets.MULTIHOST_IMAGES if multihost else ()
     defs += image_sets.CHECK_IMAGES if any(g.OnStartDeepHealthChecks for g in spec.InstanceGroups) else ()
     return defs + (image_sets.GPU_IMAGES if catalogue is not None and has_gpus(spec, catalogue) else ())
@@ -296,34 +295,27 @@ class Creating:
     def controller(self) -> None:
         """The daemons the nodes need, made and started at once: the controller (its
         container made here, its capacity before any node's; started on a thread), with
-        Accounting slurmdbd's (with its MariaDB) made and started on a thread begun before
-        the controller's container is made (8 alternated pairs, first srun medians 3.73 vs
-        4.12 s, faster in all 8); with registered hosts after it, on its host. Each entry
-        waits for the daemon it needs (slurmdbd for MariaDB, slurmctld for slurmdbd).
+        Accounting slurmdbd and its MariaDB in it (its entry starts slurmdbd once MariaDB
+        answers, slurmctld once slurmdbd does); slurmrestd's container made meanwhile.
 
-        With Accounting, returns once its container started: that chain (container,
-        MariaDB, slurmdbd, the registration) is what slurmctld waits for, and node starts
-        among it slowed it (Docker starts a few containers at a time; 5 alternated pairs,
-        first srun medians 2.74 vs 2.63 s); later would leave Docker idle while MariaDB and
-        slurmctld boot (bench/common.py first_job_floor). Without, returns at once: the
-        nodes start with the controller, as the floor's do (5 pairs: 4 bench.tiny workers
-        4.67 vs 5.32 s, the default cluster's first srun 2.47 vs 2.52 s)."""
+        With Accounting, returns once the controller's container started: node starts
+        among it slowed that chain (Docker starts a few containers at a time; the nodes
+        started with it: first srun 2.13 vs 1.68 s, plain docker-py, docs/benchmarks.md).
+        Without, returns at once: the nodes start with the controller, as the floor's do
+        (5 pairs: 4 bench.tiny workers 4.67 vs 5.32 s, the default cluster's first srun
+        2.47 vs 2.52 s)."""
         spec = self.c.spec
         self.conf = render(spec, self.c.env.catalogue).encode()
         self.progress.stage("controller", self.c.controller_node)
         if spec.accounting:
-            self.progress.stage("accounting", "slurmdbd and its database, with the controller")
-        if self.c.multihost:  # the services go on the controller's host: it is placed first
-            cid = self._create_controller()
-            self.services.begin(self.conf)
-        else:  # slurmctld waits for slurmdbd: accounting's container is made first
-            self.services.begin(self.conf)
-            cid = self._create_controller()
+            self.progress.stage("accounting", "slurmdbd and its database, in the controller's container")
+        cid = self._create_controller()
+        self.services.begin(self.conf)
         ex = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hp-controller")
         self.making_controller = ex.submit(self._start_controller, cid, self.images.get("fileserver"))
         ex.shutdown(wait=False)
         if spec.accounting:
-            self.services.accounting_started()
+            self.controller_started()
 
     def make_nodes(self) -> None:
         """Every login and compute node Queued and its container made, while the
@@ -349,9 +341,10 @@ class Creating:
         self.ctl = self.making_controller.result()
 
     def accounting(self) -> None:
-        """With Accounting: slurmdbd started (slurmctld, started with it, waits for it in
-        its entry and registers the cluster at its first start)."""
-        self.services.accounting_ready(self.deadline)
+        """With Accounting: slurmdbd started in the controller's container (slurmctld waits
+        for it there and registers the cluster at its first start)."""
+        self.controller_started()
+        self.services.accounting_ready(self.ctl, self.deadline)
 
     def controller_ready(self) -> None:
         """slurmctld answers. In continuous mode a controller that failed for a retryable

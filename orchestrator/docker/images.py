@@ -36,7 +36,7 @@ def mirror() -> str:
 
 @dataclass(frozen=True)
 class ImageDef:
-    name: str  # logical name: controller, login, worker, accounting, rest, database, check-cpu, check-gpu, node-mh, fileserver
+    name: str  # logical name: controller, login, worker, rest, check-cpu, check-gpu, node-mh, fileserver
     context: str  # build context folder, relative to the resources' root (images/..., healthchecks/...)
     target: str | None
     parent: str | None = None  # built FROM this image of hp's (build argument PARENT); its tag is in the hash
@@ -50,12 +50,9 @@ NODE_IMAGES = (
     ImageDef("login", "images/node", "login"),
     ImageDef("worker", "images/node", "worker"),
 )
-# The cluster services (Accounting, Rest in the spec): targets on the node images' shared
-# stage (accounting: slurmdbd with MariaDB and its data directory; rest: slurmrestd).
-SERVICE_IMAGES = (
-    ImageDef("accounting", "images/node", "accounting"),
-    ImageDef("rest", "images/node", "rest"),
-)
+# The cluster service Rest: a target on the node images' shared stage (slurmrestd).
+# Accounting runs in the controller's image (slurmdbd, MariaDB and its data directory).
+SERVICE_IMAGES = (ImageDef("rest", "images/node", "rest"),)
 CHECK_IMAGES = (ImageDef("check-cpu", "healthchecks/cpu", None),)
 # The GPU check image (CuPy, nvidia-ml-py, CUDA and NCCL wheels from PyPI: ~2.2 GB, a
 # build of about a minute) is built only where it is needed: by `hp create` of a cluster

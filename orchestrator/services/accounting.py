@@ -1,27 +1,27 @@
-"""The cluster services' containers: slurmdbd with its MariaDB (role `accounting`: one
-container, images/node/hp-entry runs both) and slurmrestd (`rest`), made from hp's images
-like the nodes, but not Slurm nodes.
+"""The cluster services: Accounting (slurmdbd with its MariaDB, in the controller's
+container: images/node/hp-entry runs them beside slurmctld) and slurmrestd (`rest`, a
+container made from hp's images like the nodes, but not a Slurm node).
 
-Order (measured: docs/accounting.md). Accounting's container and the controller's are
-started at once, first of a new cluster's containers, and each daemon waits in its entry
-for the one it needs to accept connections (images/node/hp-entry: slurmdbd for MariaDB's
-port, slurmctld for slurmdbd's, a connect every 0.01 s): no round trip through hp
-between them. So
-slurmctld registers the cluster at its first start (no `sacctmgr add cluster`, no
-CLUSTER ID MISMATCH), and create checks that slurmdbd said "slurmdbd version ...
-started". (Started at once without those waits, slurmdbd retries the database every 5 s
-and slurmctld blocks on slurmdbd: 7 s instead of 1.5 s.)
+Order (measured: docs/accounting.md). In the controller's container each daemon starts
+the moment the one it needs accepts connections (images/node/hp-entry: slurmdbd for
+MariaDB's port, slurmctld for slurmdbd's, a connect every 0.01 s): no round trip through
+hp between them. So slurmctld registers the cluster at its first start (no `sacctmgr add
+cluster`, no CLUSTER ID MISMATCH), and create checks that slurmdbd said "slurmdbd
+version ... started". (Started at once without those waits, slurmdbd retries the
+database every 5 s and slurmctld blocks on slurmdbd: 7 s instead of 1.5 s.) One
+container fewer than accounting's own: ~0.1 s off a create on this 2-core host.
 
-Hazard: slurmctld must never be (re)started while slurmdbd is unreachable (it dies with
-"You are running with a database but for some reason we have no TRES from it" after
-~20 s of retries). `ensure_up` brings accounting back first; the controller's reboot
-calls it (recovery/actions.py).
+When MariaDB or slurmdbd dies, the controller's entry starts it again (slurmctld goes
+on); a hung one (running, not answering) is killed by the agent's watch, and so started
+again. The database's data is on a named volume, so records of jobs that ended before a
+fault are still there after it, also after the controller's reboot.
 
-Accounting's container runs with Docker's restart policy unless-stopped: when MariaDB or
-slurmdbd dies, its entry stops the other and exits, and Docker starts both again; a
-container killed through the engine is not restarted by Docker: the agent's watch starts
-it again. The database's data is on a named volume, so records of jobs that ended before
-a fault are still there after it.
+Clusters made before slurmdbd moved into the controller's container keep their
+accounting container (role `accounting`, hp-<c>-slurmdbd; older still, their database in
+one of its own: role `database`): it is kept running (started again before slurmctld,
+which must never start while slurmdbd is unreachable: it dies with "You are running with
+a database but for some reason we have no TRES from it") and asked in health checks,
+never made anew.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from ..core.context import SLURM_UID, Cluster
 from ..docker.images import SERVICE_IMAGES
 from ..docker.views import Container, ContainerSpec
 from ..errors import EngineError, OperationFailed
-from ..naming import L_CLUSTER, L_HOST, SERVICE_HOSTS, database_volume, labels, network_name, service_container
+from ..naming import L_CLUSTER, L_HOST, L_ROLE, SERVICE_HOSTS, labels, network_name, service_container
 from ..slurm.conf import render, slurmdbd_conf, template
 from ..state.home import cluster_folder
 
@@ -55,15 +55,14 @@ log = logging.getLogger("hp")
 # host (the front, services/front.py, is the one door; issue 24)
 REST_PORT = 6820
 RESTART_POLICY = "unless-stopped"
-# (cores, MiB): MariaDB needs at least one core's quota to boot in ~1 s (0.5: +0.7 s);
-# accounting's container has the quotas its two daemons had in containers of their own
-# (1.0 + 0.5: first srun medians 3.04 vs 3.17 s with 1.0, 6 alternated pairs). Not
-# counted in the host's capacity (quotas are ceilings; they idle after create).
-LIMITS = {"accounting": (1.5, 512), "rest": (0.25, 256)}
-DATABASE_READY = re.compile(r"ready for connections")  # MariaDB's line, in accounting's log
-# Clusters made before accounting was one container have their database in a container
-# of its own (role "database", hp-<c>-mariadb): it is kept running (started again before
-# slurmdbd, which needs it) and asked in health checks, never made anew.
+# (cores, MiB) of slurmrestd's container. Not counted in the host's capacity (a quota is
+# a ceiling; it idles after create). Accounting's daemons add theirs to the controller's
+# (core/launcher.py ACCOUNTING_QUOTA).
+LIMITS = {"rest": (0.25, 256)}
+DATABASE_READY = re.compile(r"ready for connections")  # MariaDB's line, in slurmdbd's container's log
+# Older clusters' accounting containers (the module's docstring): slurmdbd and MariaDB
+# (role "accounting", hp-<c>-slurmdbd), or the database alone (role "database", hp-<c>-mariadb).
+LEGACY_ACCOUNTING = "accounting"
 LEGACY_DATABASE = "database"
 HOSTS = {**SERVICE_HOSTS, LEGACY_DATABASE: "mariadb"}  # role -> its container's hostname
 READY = {"accounting": re.compile(r"slurmdbd version \S+ started"), LEGACY_DATABASE: DATABASE_READY}
@@ -120,20 +119,33 @@ def init_sql(password: str, cluster: str) -> bytes:
 
 
 def controller_files(cluster: Cluster) -> dict[str, tuple[bytes, int, int]]:
-    """What the controller needs beside slurm.conf and the auth key: the JWT key (REST)."""
-    return {"jwt.key": (jwt_key(cluster), 0o600, SLURM_UID)} if cluster.spec.rest else {}
+    """What the controller needs in /etc/slurm beside slurm.conf and the auth key: the JWT
+    key (REST); with Accounting, slurmdbd.conf and the SQL of its database user."""
+    spec, out = cluster.spec, {}
+    if spec.rest:
+        out["jwt.key"] = (jwt_key(cluster), 0o600, SLURM_UID)
+    if spec.accounting:
+        password = db_password(cluster)
+        out["slurmdbd.conf"] = (slurmdbd_conf(spec, password).encode(), 0o600, SLURM_UID)
+        out["hp-init.sql"] = (init_sql(password, cluster.name), 0o600, 0)
+    return out
 
 
 def roles(cluster: Cluster, containers: list[Container] | None = None) -> list[str]:
-    """The service roles the cluster's spec asks for, in start order (with a legacy
-    database container, that first)."""
+    """The roles of the service containers the cluster keeps running, in start order:
+    an older cluster's accounting containers (the database's first), then slurmrestd's."""
     spec = cluster.spec
-    legacy = spec.accounting and LEGACY_DATABASE in service_containers(cluster, containers)
-    return (
-        ([LEGACY_DATABASE] if legacy else [])
-        + (["accounting"] if spec.accounting else [])
-        + (["rest"] if spec.rest else [])
-    )
+    svc = service_containers(cluster, containers)
+    legacy = [r for r in (LEGACY_DATABASE, LEGACY_ACCOUNTING) if spec.accounting and r in svc]
+    return legacy + (["rest"] if spec.rest else [])
+
+
+def dbd_container(cluster: Cluster, containers: list[Container]) -> Container | None:
+    """The container slurmdbd runs in: the controller's (an older cluster's: its own)."""
+    svc = service_containers(cluster, containers)
+    if LEGACY_ACCOUNTING in svc:
+        return svc[LEGACY_ACCOUNTING]
+    return next((c for c in containers if c.role == "controller" and c.labels.get(L_CLUSTER) == cluster.name), None)
 
 
 def service_containers(cluster: Cluster, containers: list[Container] | None = None) -> dict[str, Container]:
@@ -156,13 +168,9 @@ def container_spec(cluster: Cluster, role: str, image: str) -> ContainerSpec:
         memory_bytes=mib * 2**20,
         restart_policy=RESTART_POLICY,
     )
-    if role == "accounting":
-        spec.volumes = {database_volume(cluster.name): "/var/lib/mysql"}
     if cluster.multihost:  # registered hosts: on the controller's host
         spec.host = controller_host_of(cluster)
         spec.labels[L_HOST] = spec.host
-        if role == "accounting":
-            spec.volume_labels = {database_volume(cluster.name): labels(cluster.name, "database")}
     return spec
 
 
@@ -170,27 +178,15 @@ Files = dict[str, tuple[bytes, int, int]]  # name -> (content, mode, owner uid)
 
 
 def files(cluster: Cluster, role: str, slurm_conf: bytes | None) -> dict[str, Files]:
-    """directory -> files, copied into a service's container before it starts."""
-    if role == "accounting":
-        out = {
-            "slurm.key": (cluster.key(), 0o600, SLURM_UID),
-            "slurmdbd.conf": (slurmdbd_conf(cluster.spec, db_password(cluster)).encode(), 0o600, SLURM_UID),
-        }
-        if cluster.spec.rest:
-            out["jwt.key"] = (jwt_key(cluster), 0o600, SLURM_UID)
-        return {
-            "/etc/slurm": out,
-            "/etc/mysql": {"hp-init.sql": (init_sql(db_password(cluster), cluster.name), 0o600, 0)},
-        }
-    # rest: the controller's slurm.conf and nothing secret (tokens come with each request)
+    """directory -> files, copied into a service's container before it starts (slurmrestd:
+    the controller's slurm.conf and nothing secret; tokens come with each request)."""
     return {"/etc/slurm": {"slurm.conf": (slurm_conf or b"", 0o644, 0)}}
 
 
 def create(cluster: Cluster, role: str, image: str, slurm_conf: bytes | None = None) -> str:
     """Create (not start) a service's container with its files; its id."""
     cid = cluster.p.create_container(container_spec(cluster, role, image))
-    # one copy into the container: each is a mount of its file system by the engine (on
-    # accounting's chain, which slurmctld waits for: 2 copies 75 ms, one 36-44 ms)
+    # one copy into the container: each is a mount of its file system by the engine
     put = {f"{d.strip('/')}/{name}": f for d, fs in files(cluster, role, slurm_conf).items() for name, f in fs.items()}
     try:
         cluster.p.put_files(cid, "/", put)
@@ -207,11 +203,14 @@ def ready_marks(cluster: Cluster, cid: str, role: str) -> int:
 
 
 def _stopped(cluster: Cluster, cid: str, role: str) -> OperationFailed | None:
-    st = cluster.p.inspect(cid).state
-    if st.running or st.status == "restarting":
+    d = cluster.p.inspect(cid)
+    if d.state.running or d.state.status == "restarting":
         return None
+    # its own container (an older cluster's, slurmrestd's) or the controller's (slurmdbd's now)
+    who = HOSTS[role] if d.labels.get(L_ROLE) == role else d.name.lstrip("/")
+    what = "it" if who == HOSTS[role] else HOSTS[role]
     return OperationFailed(
-        f"{HOSTS[role]} exited ({st.exit_code}) before it was ready; last log:\n" + cluster.p.logs(cid, tail=15)
+        f"{who} exited ({d.state.exit_code}) before {what} was ready; last log:\n" + cluster.p.logs(cid, tail=15)
     )
 
 
@@ -241,64 +240,42 @@ def wait_ready(cluster: Cluster, cid: str, role: str, marks_before: int, deadlin
 
 
 class CreateServices:
-    """The services of a cluster being created: `begin` (on threads: accounting's
-    container made and started, slurmrestd's made, while the controller's is),
-    `accounting_started`, `accounting_ready` (slurmdbd started), `start_rest` (once
-    slurmctld answers)."""
+    """The services of a cluster being created: `begin` (slurmrestd's container made on a
+    thread while the controller's is), `accounting_ready` (slurmdbd, in the controller's
+    container, started), `start_rest` (once slurmctld answers)."""
 
     def __init__(self, cluster: Cluster, images: dict[str, str]):
         self.c = cluster
         self.images = images
         self.ids: dict[str, str] = {}
-        self._accounting: Future[None] | None = None
         self._making: Future[None] | None = None
 
-    @property
-    def accounting(self) -> bool:
-        return self.c.spec.accounting
-
     def begin(self, slurm_conf: bytes) -> None:
-        if self.accounting:
-            db_password(self.c)
-        pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="hp-services")
-        if self.accounting:
-            self._accounting = pool.submit(self._make, "accounting", slurm_conf)
-        if self.c.spec.rest:
-            self._making = pool.submit(self._make, "rest", slurm_conf)
+        if not self.c.spec.rest:
+            return
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hp-services")
+        self._making = pool.submit(self._make, "rest", slurm_conf)
         pool.shutdown(wait=False)
 
     def _make(self, role: str, slurm_conf: bytes) -> None:
-        """On a thread: accounting's container made and started (MariaDB, then slurmdbd
-        once it answers), or slurmrestd's made."""
-        self.ids[role] = create(self.c, role, self.images[role], slurm_conf if role == "rest" else None)
-        if role == "accounting":
-            try:
-                self.c.p.start(self.ids[role])
-            except EngineError as e:
-                raise OperationFailed(f"{SERVICE_HOSTS[role]}'s container could not be started: {e}") from None
-
-    def accounting_started(self) -> None:
-        """Accounting's container started (with Accounting; its error is the create's)."""
-        if self._accounting is not None:
-            self._accounting.result()
+        self.ids[role] = create(self.c, role, self.images[role], slurm_conf)
 
     def _made(self) -> None:
-        self.accounting_started()
         if self._making is not None:
             self._making.result()  # its error, if any, is the create's
 
     def settle(self) -> None:
-        """Wait for the containers being made on the threads (their error is not this one's)."""
-        wait([f for f in (self._accounting, self._making) if f is not None])
+        """Wait for the container being made on the thread (its error is not this one's)."""
+        if self._making is not None:
+            wait([self._making])
 
-    def accounting_ready(self, deadline: float) -> None:
-        """slurmdbd said it started (fails fast with the last lines of its container's log
-        when the container stopped)."""
-        if not self.accounting:
+    def accounting_ready(self, controller: str, deadline: float) -> None:
+        """With Accounting: slurmdbd, in the `controller` container, said it started (fails
+        fast with the last lines of the container's log when it stopped)."""
+        if not self.c.spec.accounting:
             return
-        self._made()
         deadline = min(deadline, time.monotonic() + READY_TIMEOUT)
-        wait_ready(self.c, self.ids["accounting"], "accounting", 0, deadline)
+        wait_ready(self.c, controller, "accounting", 0, deadline)
 
     def start_rest(self) -> None:
         self._made()
@@ -351,16 +328,18 @@ def database_answers(cluster: Cluster, db: Container) -> bool:
 
 
 def health(cluster: Cluster, containers: list[Container] | None = None) -> Health:
-    """Accounting's health: its container's state first (no exec), then `sacctmgr ping`
-    from the controller (2 s at most), then the database itself (a client in the same
-    container) when slurmdbd does not answer: DbUnreachable if it does not either, else
-    DaemonDown."""
+    """Accounting's health: the state of slurmdbd's container (the controller's) first (no
+    exec), then `sacctmgr ping` from the controller (2 s at most), then the database
+    itself (a client in the same container) when slurmdbd does not answer: DbUnreachable
+    if it does not either, else DaemonDown."""
     cs = containers if containers is not None else cluster.containers()
     svc = service_containers(cluster, cs)
-    if why := _down(svc.get("accounting"), "slurmdbd"):
+    dbd = dbd_container(cluster, cs)
+    if why := _down(dbd, "slurmdbd" if LEGACY_ACCOUNTING in svc else "the controller"):
         return Health(UNHEALTHY, DAEMON_DOWN, why)
-    db = svc.get(LEGACY_DATABASE) or svc["accounting"]
-    if why := _down(db, "the database"):  # a legacy database container
+    assert dbd is not None
+    db = svc.get(LEGACY_DATABASE) or dbd
+    if why := _down(db, "the database"):  # an older cluster's database container
         return Health(UNHEALTHY, DB_UNREACHABLE, why)
     ctl = next((c for c in cs if c.role == "controller" and c.running), None)
     ping = None
@@ -419,9 +398,9 @@ def _bring_back(cluster: Cluster, role: str, c: Container | None, deadline: floa
 
 
 def ensure_up(cluster: Cluster, timeout: float = READY_TIMEOUT, only: tuple[str, ...] | None = None) -> list[str]:
-    """Bring the cluster's services back, in order (accounting, slurmrestd): a stopped,
-    exited or frozen container is started, a missing one made again (the database on its
-    volume). Returns what was done; OperationFailed if one does not come
+    """Bring the cluster's service containers back, in order (an older cluster's
+    accounting, slurmrestd): a stopped, exited or frozen container is started, a missing
+    slurmrestd made again. Returns what was done; OperationFailed if one does not come
     back in `timeout` s."""
     deadline = time.monotonic() + timeout
     with _BRINGING_BACK.setdefault(cluster.name, threading.Lock()):
@@ -448,9 +427,29 @@ def restart(cluster: Cluster, role: str, timeout: float = READY_TIMEOUT) -> str:
     return f"{HOSTS[role]} restarted (it did not answer)"
 
 
+HUNG = {DAEMON_DOWN: "slurmdbd", DB_UNREACHABLE: "mariadbd"}  # the process a health reason names
+
+
+def kill_hung(cluster: Cluster, reason: str, timeout: float | None = None) -> str:
+    """In the controller's container: kill a running but hung slurmdbd (DaemonDown) or
+    MariaDB (DbUnreachable); its entry starts it again (MariaDB: slurmdbd with it). Waits
+    until slurmdbd said it started once more."""
+    ctl = dbd_container(cluster, cluster.containers())
+    if ctl is None or not ctl.running:
+        raise OperationFailed("the controller's container is not running")
+    proc = HUNG[reason]
+    before = ready_marks(cluster, ctl.id, "accounting")
+    res = cluster.p.exec(ctl.id, ["pkill", "-KILL", "-x", proc])
+    if res.exit_code not in (0, 1):  # 1: it had exited meanwhile (and is being started again)
+        raise OperationFailed(f"pkill {proc} in the controller exited {res.exit_code}: {res.output[-200:]}")
+    wait_ready(cluster, ctl.id, "accounting", before, time.monotonic() + (timeout or READY_TIMEOUT))
+    return f"{proc} killed and started again (it did not answer)"
+
+
 def before_controller_start(cluster: Cluster, timeout: float = READY_TIMEOUT) -> list[str]:
-    """Never (re)start slurmctld while slurmdbd is unreachable: bring accounting back
-    first (OperationFailed when it does not come back)."""
+    """Never (re)start slurmctld while slurmdbd is unreachable: an older cluster's
+    accounting container is brought back first (OperationFailed when it does not come
+    back). In the controller's container, its entry starts slurmdbd first."""
     if not cluster.spec.accounting:
         return []
-    return ensure_up(cluster, timeout, only=(LEGACY_DATABASE, "accounting"))
+    return ensure_up(cluster, timeout, only=(LEGACY_DATABASE, LEGACY_ACCOUNTING))

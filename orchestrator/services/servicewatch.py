@@ -1,12 +1,14 @@
 """The agent's watch over a cluster's services (run as `ServiceWatch(env, name).run(stop)`):
 
-- a service container that stopped (killed, exited, removed) is brought back at once,
-  in order: accounting (MariaDB and slurmdbd, one container; then slurmctld may
-  restart: recovery waits for this), then slurmrestd. Docker's restart policy already restarts a process that died
-  inside its container; a container stopped through the engine is the watch's to start;
+- a service container that stopped (killed, exited, removed) is brought back at once:
+  slurmrestd's (made again when removed), and an older cluster's accounting container
+  (then slurmctld may restart: recovery waits for this). Docker's restart policy already
+  restarts a process that died inside its container; a container stopped through the
+  engine is the watch's to start;
 - accounting's health (Healthy, or Unhealthy with DaemonDown / DbUnreachable) is checked
-  every POLL_S; each change is an `hp events` entry; a service that is running but does
-  not answer for HUNG_AFTER_S is restarted.
+  every HEALTH_EVERY_S; each change is an `hp events` entry; a slurmdbd or database that
+  runs but does not answer for HUNG_AFTER_S is killed in the controller's container (its
+  entry starts it again; an older cluster's accounting container is restarted).
 
 Whatever NodeRecovery says: the services are the cluster's infrastructure, not nodes.
 """
@@ -25,10 +27,12 @@ from ..state.transitions import ClusterStatus
 from .accounting import (
     DAEMON_DOWN,
     HOSTS,
+    LEGACY_ACCOUNTING,
     LEGACY_DATABASE,
     Health,
     ensure_up,
     health,
+    kill_hung,
     restart,
     roles,
     service_containers,
@@ -132,14 +136,19 @@ class ServiceWatch:
         self.unhealthy_since = self.unhealthy_since if self.unhealthy_since is not None else now
         if now - self.unhealthy_since < HUNG_AFTER_S or now < self.retry_at:
             return
-        # slurmdbd and its database: one container (a legacy database has its own)
-        legacy = LEGACY_DATABASE in service_containers(self.cluster, containers)
-        role = LEGACY_DATABASE if h.reason != DAEMON_DOWN and legacy else "accounting"
+        svc = service_containers(self.cluster, containers)
         what = "slurmdbd" if h.reason == DAEMON_DOWN else "its database"
-        self._event("Warn", f"{what} runs but does not answer: restarting {HOSTS[role]}'s container")
         try:
-            self._event("Info", restart(self.cluster, role))
+            if LEGACY_ACCOUNTING not in svc:  # in the controller's container: the process is killed
+                self._event(
+                    "Warn", f"{what} runs but does not answer: killing it (the controller's entry starts it again)"
+                )
+                self._event("Info", kill_hung(self.cluster, h.reason or DAEMON_DOWN))
+            else:  # an older cluster's own container(s): restarted
+                role = LEGACY_DATABASE if h.reason != DAEMON_DOWN and LEGACY_DATABASE in svc else LEGACY_ACCOUNTING
+                self._event("Warn", f"{what} runs but does not answer: restarting {HOSTS[role]}'s container")
+                self._event("Info", restart(self.cluster, role))
             self.unhealthy_since = None
         except OperationFailed as e:
             self.retry_at = now + BACKOFF_S
-            self._event("Error", f"restarting {HOSTS[role]} failed: {e}")
+            self._event("Error", f"bringing {what} back failed: {e}")

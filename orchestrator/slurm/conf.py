@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from string import Template
 
 from .. import resources
-from ..naming import SERVICE_HOSTS, node_name
+from ..naming import node_name
 from ..spec.catalogue import InstanceType
 from ..spec.model import ClusterSpec
 
@@ -54,7 +54,7 @@ def render(spec: ClusterSpec, catalogue: Mapping[str, InstanceType]) -> str:
         gres_types="GresTypes=gpu" if gpu else "",
         nodesets="\n".join(nodesets),
         partitions="\n".join(partitions),
-        accounting=accounting_lines(spec.accounting),
+        accounting=accounting_lines(spec),
         rest=rest_lines(spec.rest),
     )
 
@@ -63,12 +63,12 @@ def _part(name: str, **values: str) -> str:
     return Template(template(name)).substitute(**values).strip()
 
 
-def accounting_lines(enabled: bool) -> str:
-    """slurm.conf's accounting lines: slurmdbd storage and a gather plugin that works in
-    containers; without accounting, no gathering."""
-    if not enabled:
+def accounting_lines(spec: ClusterSpec) -> str:
+    """slurm.conf's accounting lines: slurmdbd storage (in the controller's container) and
+    a gather plugin that works in containers; without accounting, no gathering."""
+    if not spec.accounting:
         return _part("slurm.conf.noaccounting")
-    return _part("slurm.conf.accounting", dbd_host=SERVICE_HOSTS["accounting"])
+    return _part("slurm.conf.accounting", dbd_host=controller_node(spec))
 
 
 def rest_lines(enabled: bool) -> str:
@@ -83,7 +83,7 @@ def slurmdbd_conf(spec: ClusterSpec, db_password: str) -> str:
             "slurmdbd.conf.tmpl",
             cluster=spec.ClusterName,
             auth_alt=rest_lines(spec.rest),
-            dbd_host=SERVICE_HOSTS["accounting"],
+            dbd_host=controller_node(spec),
             db_password=db_password,
         )
         + "\n"

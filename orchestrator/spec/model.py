@@ -25,9 +25,9 @@ NAME_MAX = 63
 SLURM_MAX_NODES = specnames.SLURM_MAX_NODE_COUNT  # slurmctld refuses a MaxNodeCount above this
 MIN_MAX_NODES = 128
 CHECKS = ("InstanceStress", "InstanceConnectivity")
-# The cluster services' defaults (docs/accounting.md says why): accounting adds ~1.2 s to
-# create (measured; under the 2 s budget) and ~60 MiB; REST opens a port on the host
-# (loopback) and is asked for.
+# The cluster services' defaults (docs/accounting.md says why): accounting adds a few
+# tenths of a second to the first job (docs/benchmarks.md) and ~60 MiB in the controller's
+# container; REST opens a port on the host (loopback) and is asked for.
 ACCOUNTING_DEFAULT = True
 REST_DEFAULT = False
 
@@ -96,7 +96,7 @@ class InstanceGroup(_Model):
 
 
 class AccountingConfig(_Model):
-    """hp's own: Slurm accounting (slurmdbd and MariaDB in containers of their own)."""
+    """hp's own: Slurm accounting (slurmdbd and MariaDB, in the controller's container)."""
 
     Enabled: bool
 

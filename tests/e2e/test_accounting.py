@@ -1,7 +1,7 @@
-"""Issue 12 on real containers: Slurm accounting (slurmdbd + MariaDB), slurmrestd with JWT
-behind hp's verifying front, the Prometheus endpoint, and accounting's health and
-recovery. One cluster (controller, login, 2 workers, Accounting and Rest) serves the
-module's tests, in order; the fault test comes last."""
+"""Issue 12 on real containers: Slurm accounting (slurmdbd + MariaDB, in the controller's
+container), slurmrestd with JWT behind hp's verifying front, the Prometheus endpoint, and
+accounting's health and recovery. One cluster (controller, login, 2 workers, Accounting
+and Rest) serves the module's tests, in order; the fault tests come last."""
 
 from __future__ import annotations
 
@@ -101,14 +101,14 @@ def test_sacct_shows_state_and_exit_code_within_2_s_of_the_end(lab: tuple[Hp, st
 
 
 def test_slurmdbds_schema_came_with_the_image_and_its_build_user_did_not(lab: tuple[Hp, str]) -> None:
-    """The database image carries slurmdbd's own tables and a seed cluster's (made at build:
+    """The controller's image carries slurmdbd's own tables and a seed cluster's (made at build:
     the Dockerfile's dbschema stage), so a new cluster's slurmdbd and its registration only
     check them; the build's throwaway database user is not in it, and the seed's tables are
     the cluster's own (renamed, with the seed's cluster row, at the database's first start):
     nothing is named after the seed any more."""
     h, name = lab
     eng = DockerEngine()
-    db = f"hp-{name}-slurmdbd"  # MariaDB runs in slurmdbd's container
+    db = f"hp-{name}-controller-1"  # MariaDB runs in the controller's container
     image = eng.api.inspect_container(db)["Image"]
     look = "ls /var/lib/mysql/slurm_acct_db; echo --; ls /var/lib/mysql; echo --; find /var/lib/mysql | wc -l"
     c = eng.api.create_container(image, entrypoint=["bash", "-c", look + "; stat -c %s /var/lib/mysql/ibdata1"])
@@ -145,13 +145,14 @@ def test_slurmdbds_schema_came_with_the_image_and_its_build_user_did_not(lab: tu
 
 
 def test_containers_on_the_clusters_network_reask_arp_every_50_ms(lab: tuple[Hp, str]) -> None:
-    """Started together, slurmdbd's entry connected to MariaDB while Docker still plumbed the
-    database's interface: the first ARP request went unanswered and the kernel asked again
-    only after 1 s (slurmdbd started ~0.85 s after MariaDB was ready in most creates). Every
-    container with its own place on the cluster's network re-asks every 50 ms."""
+    """Started together, a daemon's entry connected to the one it needs while Docker still
+    plumbed that one's interface: the first ARP request went unanswered and the kernel asked
+    again only after 1 s (seen when slurmdbd had a container of its own: it started ~0.85 s
+    after MariaDB was ready in most creates). Every container with its own place on the
+    cluster's network re-asks every 50 ms."""
     h, name = lab
     eng = DockerEngine()
-    for c in (f"hp-{name}-slurmdbd", f"hp-{name}-controller-1", f"hp-{name}-cpu-1"):
+    for c in (f"hp-{name}-controller-1", f"hp-{name}-slurmrestd", f"hp-{name}-cpu-1"):
         res = eng.api.exec_create(c, ["cat", "/proc/sys/net/ipv4/neigh/eth0/retrans_time_ms"])
         ms = int(eng.api.exec_start(res["Id"]).decode())
         assert 40 <= ms <= 60, (c, ms)  # in the kernel's ticks (HZ=250: 52), not its default 1000
@@ -285,79 +286,116 @@ def _healthy_again(h: Hp, name: str, what: str) -> float:
     return time.monotonic() - t0
 
 
-def test_a_killed_database_takes_slurmdbd_down_and_docker_brings_both_back(lab: tuple[Hp, str]) -> None:
-    """MariaDB killed (SIGKILL from the host) in accounting's container: its entry stops
-    slurmdbd and exits, and Docker's restart policy starts both again, with the agent
-    held (no help from hp); the records are still there (the volume)."""
+def _records(h: Hp, name: str) -> list[str]:
+    """One row per job, JobID|State|ExitCode (a state has spaces: "CANCELLED by 1000")."""
+    return sh(h, name, "sacct -n -X -P -o JobID,State,ExitCode").splitlines()
+
+
+def _ids(records: list[str]) -> set[str]:
+    """The JobIDs: a job cut off by a fault ends in another state than it had before."""
+    return {r.split("|")[0] for r in records}
+
+
+def _held(h: Hp, name: str) -> int:
+    """The agent's pid (the agent hp create started: this test may run first)."""
+    pidf = h.home / "clusters" / name / "agent.pid"
+    t0 = time.monotonic()
+    while not (pidf.exists() and pidf.read_text().strip()):
+        assert time.monotonic() - t0 < 20, "no agent"
+        time.sleep(0.2)
+    return int(pidf.read_text())
+
+
+def test_a_killed_database_or_slurmdbd_is_started_again_by_the_entry_while_slurmctld_goes_on(
+    lab: tuple[Hp, str],
+) -> None:
+    """MariaDB, then slurmdbd, killed (SIGKILL from the host) in the controller's
+    container: its entry starts each again (MariaDB: slurmdbd with it), with the agent
+    held (no help from hp); slurmctld and the container are never restarted, a job that
+    ended meanwhile gets its record once slurmdbd is back, the older ones are still there
+    (the volume)."""
     h, name = lab
-    before = sh(h, name, "sacct -n -X -P -o JobID,State,ExitCode").split()
+    before = _records(h, name)
     assert len(before) >= 2, before
-    eng, dbd = DockerEngine(), f"hp-{name}-slurmdbd"
-    restarts = eng.api.inspect_container(dbd)["RestartCount"]
-    agent = int((h.home / "clusters" / name / "agent.pid").read_text())
+    eng, ctl = DockerEngine(), f"hp-{name}-controller-1"
+    restarts, slurmctld = eng.api.inspect_container(ctl)["RestartCount"], _pid_of(ctl, "slurmctld")
+    agent = _held(h, name)
     os.kill(agent, signal.SIGSTOP)
     try:
-        os.kill(_pid_of(dbd, "mariadbd"), signal.SIGKILL)
-        took = _healthy_again(h, name, "Docker did not start MariaDB and slurmdbd again")
+        os.kill(_pid_of(ctl, "mariadbd"), signal.SIGKILL)
+        took = _healthy_again(h, name, "the entry did not start MariaDB and slurmdbd again")
         print(f"MariaDB killed -> Healthy again in {took:.1f} s (the agent held)")
-        assert eng.api.inspect_container(dbd)["RestartCount"] == restarts + 1
-        assert "hp-entry: mariadbd exited (137): stopping the other" in eng.logs(dbd)
-    finally:
-        os.kill(agent, signal.SIGCONT)
-    after = sh(h, name, "sacct -n -X -P -o JobID,State,ExitCode").split()
-    assert set(before) <= set(after), (before, after)
-
-
-def test_accounting_killed_unhealthy_then_brought_back_with_the_records(lab: tuple[Hp, str]) -> None:
-    h, name = lab
-    before = sh(h, name, "sacct -n -X -P -o JobID,State,ExitCode").split()
-    assert len(before) >= 2, before
-    agent = int((h.home / "clusters" / name / "agent.pid").read_text())
-    os.kill(agent, signal.SIGSTOP)  # hold the agent, so that the fault is seen before it is repaired
-    try:
-        DockerEngine().kill(f"hp-{name}-slurmdbd")  # through the engine: Docker does not restart it
-        doc = h.json("describe", name)
-        assert doc["SlurmHealth"][0]["Status"] == "Unhealthy", doc["SlurmHealth"]
-        assert doc["SlurmHealth"][0]["Reason"] == "DaemonDown", doc["SlurmHealth"]
+        assert "hp-entry: mariadbd exited (137): starting it again, then slurmdbd" in eng.logs(ctl)
+        os.kill(_pid_of(ctl, "slurmdbd"), signal.SIGKILL)
         # jobs still run meanwhile; slurmctld keeps their records for later
         during = sh(h, name, "sbatch --parsable --wait -o /dev/null --wrap true").strip().splitlines()[-1]
+        took = _healthy_again(h, name, "the entry did not start slurmdbd again")
+        print(f"slurmdbd killed -> Healthy again in {took:.1f} s (the agent held)")
+        assert "hp-entry: slurmdbd exited (137): starting it again" in eng.logs(ctl)
+        assert eng.api.inspect_container(ctl)["RestartCount"] == restarts and _pid_of(ctl, "slurmctld") == slurmctld
     finally:
         os.kill(agent, signal.SIGCONT)
-    took = _healthy_again(h, name, "the agent did not bring accounting back")
-    print(f"accounting's container killed -> Healthy again in {took:.1f} s (agent resumed)")
-    after = sh(h, name, "sacct -n -X -P -o JobID,State,ExitCode").split()
-    assert set(before) <= set(after), (before, after)
+    after = _records(h, name)
+    assert _ids(before) <= _ids(after), (before, after)
     deadline = time.monotonic() + 30
     while f"{during}|COMPLETED|0:0" not in after:  # slurmctld sends what it kept (its retry: ~5 s)
         assert time.monotonic() < deadline, after
         time.sleep(1)
-        after = sh(h, name, "sacct -n -X -P -o JobID,State,ExitCode").split()
-    events = h("events", name, check=True).stdout
-    assert "slurmdbd" in events and "starting it again" in events, events
+        after = _records(h, name)
 
 
-def test_a_hung_slurmdbd_is_daemon_down_while_its_database_answers(lab: tuple[Hp, str]) -> None:
+def test_a_hung_slurmdbd_is_daemon_down_while_its_database_answers_then_killed_and_started_again(
+    lab: tuple[Hp, str],
+) -> None:
     """slurmdbd frozen (SIGSTOP from the host: its container runs, it answers nothing):
-    DaemonDown, because the database still answers hp's probe (a `mariadb` client in its
-    container, without TLS as the server is: with the client's default it was refused, and
-    the reason said DbUnreachable)."""
+    DaemonDown, because the database still answers hp's probe (a `mariadb` client beside
+    it, without TLS as the server is: with the client's default it was refused, and the
+    reason said DbUnreachable). Let go, the agent kills it after HUNG_AFTER_S (30 s) and
+    the controller's entry starts it again: Healthy, slurmctld untouched."""
     h, name = lab
-    pidf = h.home / "clusters" / name / "agent.pid"
-    t0 = time.monotonic()
-    while not pidf.exists():  # the agent hp create started (this test may run first)
-        assert time.monotonic() - t0 < 20, "no agent"
-        time.sleep(0.2)
-    agent = int(pidf.read_text())
-    dbd = _pid_of(f"hp-{name}-slurmdbd", "slurmdbd")
+    ctl = f"hp-{name}-controller-1"
+    agent = _held(h, name)
+    dbd, slurmctld = _pid_of(ctl, "slurmdbd"), _pid_of(ctl, "slurmctld")
     os.kill(agent, signal.SIGSTOP)  # hold the agent, so that the fault is seen before it is repaired
     os.kill(dbd, signal.SIGSTOP)
     try:
         health = h.json("describe", name)["SlurmHealth"][0]
         assert (health["Status"], health.get("Reason")) == ("Unhealthy", "DaemonDown"), health
     finally:
-        os.kill(dbd, signal.SIGCONT)
         os.kill(agent, signal.SIGCONT)
-    _healthy_again(h, name, "slurmdbd did not answer again")
+    t0 = time.monotonic()
+    while h.json("describe", name)["SlurmHealth"][0]["Status"] != "Healthy":
+        if time.monotonic() - t0 > 90:
+            os.kill(dbd, signal.SIGCONT)
+            raise AssertionError("the agent did not kill the hung slurmdbd")
+        time.sleep(1)
+    print(f"slurmdbd hung -> killed by the agent and Healthy again in {time.monotonic() - t0:.1f} s")
+    assert _pid_of(ctl, "slurmdbd") != dbd and _pid_of(ctl, "slurmctld") == slurmctld
+    events = h("events", name, check=True).stdout
+    assert "slurmdbd runs but does not answer: killing it" in events, events
+    assert "slurmdbd killed and started again" in events, events
+
+
+def test_the_controller_killed_accounting_unhealthy_then_rebooted_with_the_records(lab: tuple[Hp, str]) -> None:
+    h, name = lab
+    before = _records(h, name)
+    assert len(before) >= 2, before
+    agent = _held(h, name)
+    os.kill(agent, signal.SIGSTOP)  # hold the agent, so that the fault is seen before it is repaired
+    try:
+        DockerEngine().kill(f"hp-{name}-controller-1")  # through the engine: Docker does not restart it
+        health = h.json("describe", name)["SlurmHealth"][0]
+        assert (health["Status"], health.get("Reason")) == ("Unhealthy", "DaemonDown"), health
+        assert health["Message"] == "the controller's container is exited (exit 137)", health
+    finally:
+        os.kill(agent, signal.SIGCONT)
+    took = _healthy_again(h, name, "the agent did not reboot the controller")
+    print(f"the controller killed -> Healthy again in {took:.1f} s (agent resumed)")
+    after = _records(h, name)
+    assert _ids(before) <= _ids(after), (before, after)
+    sh(h, name, "srun -N2 true")  # slurmctld back, the nodes with it
+    events = h("events", name, check=True).stdout
+    assert "was rebooted" in events, events
 
 
 def test_rest_front_is_the_only_door_from_the_host(lab: tuple[Hp, str]) -> None:

@@ -187,8 +187,8 @@ def test_failed_create_rolls_back_or_is_retained(hp, tmp_path):
     r = hp("create", "-f", str(spec), "--retain")
     assert r.returncode == 1
     cs, nets, vols = leftovers(name)
-    # the controller, and accounting's container (on by default) that starts with it
-    assert sorted(c.labels["io.hp.role"] for c in cs) == ["accounting", "controller"] and nets and vols
+    # the controller (accounting, on by default, runs in its container)
+    assert sorted(c.labels["io.hp.role"] for c in cs) == ["controller"] and nets and vols
     hp("delete", name, check=True)
     assert leftovers(name) == ([], [], [])
 

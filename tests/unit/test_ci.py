@@ -228,9 +228,10 @@ def test_logs_write_every_nodes_evidence_and_never_the_auth_key(tmp_path: Path) 
     assert b"<hp: auth key removed>" in files["cpu-1/slurmd.log"] and "cpu-1/slurmd.pid" not in files
     assert doc["Nodes"] == ["controller-1", "cpu-1", "cpu-2", "login-1"]
     assert sorted(doc["Files"]) == sorted(files) and doc["Directory"] == str(out)
-    # and the accounting services (on by default), each under services/<host>/
-    assert said == [f"collecting {n}" for n in doc["Nodes"] + doc["Services"]]
-    assert doc["Services"] == ["slurmdbd"] and "services/slurmdbd/container.log" in files
+    # accounting (on by default) runs in the controller's container: slurmdbd's and
+    # MariaDB's lines are in its log; no service container of its own (services/<host>/)
+    assert said == [f"collecting {n}" for n in doc["Nodes"]]
+    assert doc["Services"] == [] and b"slurmdbd version" in files["controller-1/container.log"]
     for n in doc["Nodes"]:
         st = json.loads(files[f"{n}/status.json"])
         assert st["Container"] == f"hp-lab-{n}" and st["State"]["Status"] == "running"

@@ -373,11 +373,11 @@ def test_delete(hp: Hp) -> None:
     make(hp)
     make(hp, "lab2")
     r = hp("delete", "lab")
-    # with accounting (the default): the database and slurmdbd containers, the database's volume
-    assert r.code == 0 and r.err.strip() == "deleted cluster lab: 5 containers, 1 networks, 3 volumes"
+    # with accounting (the default, in the controller's container): the database's volume
+    assert r.code == 0 and r.err.strip() == "deleted cluster lab: 4 containers, 1 networks, 3 volumes"
     assert hp.w.provider.containers("lab") == [] and hp.w.env.store.cluster("lab") is None
     doc = hp.json("delete", "delete", "lab2")
-    assert doc == {"ClusterName": "lab2", "Removed": {"containers": 5, "networks": 1, "volumes": 3}}
+    assert doc == {"ClusterName": "lab2", "Removed": {"containers": 4, "networks": 1, "volumes": 3}}
     r = hp("delete", "lab")
     assert (r.code, r.err.strip()) == (2, "error: cluster 'lab' does not exist (see 'hp list')")
 
@@ -797,14 +797,13 @@ def test_images_build_list_key(hp: Hp) -> None:
     r = hp("images", "build")
     rows = [ln.split() for ln in r.out.splitlines()]
     assert r.code == 0 and rows[0] == ["IMAGE", "REFERENCE"]
-    assert [x[0] for x in rows[1:]] == ["accounting", "check-cpu", "controller", "login", "rest", "worker"]
+    assert [x[0] for x in rows[1:]] == ["check-cpu", "controller", "login", "rest", "worker"]
     assert "is up to date" in r.err
     doc = hp.json("images-build", "images", "build", "--gpu")
     assert set(doc["Images"]) == {
         "controller",
         "login",
         "worker",
-        "accounting",
         "rest",
         "check-cpu",
         "check-gpu",
@@ -815,7 +814,6 @@ def test_images_build_list_key(hp: Hp) -> None:
         "hp-controller",
         "hp-login",
         "hp-worker",
-        "hp-accounting",
         "hp-rest",
         "hp-check-cpu",
         "hp-check-gpu",

@@ -55,12 +55,10 @@ def test_create_makes_every_node_in_order_and_records_phases(tmp_path):
     w = world(tmp_path)
     make(w)
     names = [n for op, n in w.provider.calls if op == "create"]
-    # accounting (on by default): slurmdbd's container (its database inside) and the
-    # controller at once; the nodes once slurmdbd's started (test_services.py: the order)
-    assert sorted(names) == sorted(
-        ["hp-lab-slurmdbd", "hp-lab-controller-1", "hp-lab-cpu-1", "hp-lab-cpu-2", "hp-lab-login-1"]
-    )
-    assert names[0] in ("hp-lab-slurmdbd", "hp-lab-controller-1")
+    # accounting (on by default) in the controller's container; the nodes once it
+    # started (test_services.py: the order)
+    assert sorted(names) == sorted(["hp-lab-controller-1", "hp-lab-cpu-1", "hp-lab-cpu-2", "hp-lab-login-1"])
+    assert names[0] == "hp-lab-controller-1"
     assert set(phases(w, "lab").values()) == {"Running"}
     assert w.env.store.cluster("lab").status == "InService"
     assert w.agents.ensured == ["lab"]
@@ -557,7 +555,7 @@ def test_nodes_list_and_delete(tmp_path):
     assert doc["EngineReachable"] is False and "last recorded" in doc["ClusterSummaries"][0]["StatusNote"]
     w.provider.up = True
     removed = delete(w.env, "lab")
-    assert removed == {"containers": 5, "networks": 1, "volumes": 3}  # with accounting's and its volume
+    assert removed == {"containers": 4, "networks": 1, "volumes": 3}  # with the database's volume
     assert w.env.store.cluster("lab") is None and w.agents.stopped == ["lab"]
     assert ("drain", ("cpu-1", "cpu-2")) in w.slurm.calls or ("drain", ("cpu-2", "cpu-1")) in w.slurm.calls
     with pytest.raises(NotFound):

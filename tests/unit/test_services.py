@@ -21,6 +21,7 @@ from orchestrator.cluster.create import CreateOptions, create
 from orchestrator.cluster.delete import delete
 from orchestrator.cluster.describe import describe
 from orchestrator.core.context import Cluster
+from orchestrator.core.launcher import ACCOUNTING_QUOTA
 from orchestrator.docker.views import ContainerSpec, ExecResult
 from orchestrator.errors import BadInput, EngineError, OperationFailed
 from orchestrator.naming import labels
@@ -46,6 +47,41 @@ def calls(w, *ops):
     return [(op, n) for op, n in w.provider.calls if op in ops]
 
 
+def legacy_accounting(w, c, database=False):
+    """Make cluster `c` one of an older hp: slurmdbd (with MariaDB) in an accounting
+    container of its own (hp-lab-slurmdbd; with `database`, MariaDB in hp-lab-mariadb
+    too), its controller without slurmdbd.conf."""
+    p = w.provider
+    ctl = p.node("lab", "controller-1")
+    for f in ("/etc/slurm/slurmdbd.conf", "/etc/slurm/hp-init.sql"):
+        ctl.files.pop(f, None)
+    roles = [("database", "mariadb")] if database else []
+    for role, host in roles + [("accounting", "slurmdbd")]:
+        spec = ContainerSpec(
+            name=f"hp-lab-{host}",
+            image=ctl.spec.image,
+            hostname=host,
+            labels=labels("lab", role),
+            network=ctl.spec.network,
+            restart_policy="unless-stopped",
+        )
+        p.start(p.create_container(spec))
+    assert accounting.roles(c) == [r for r, _ in roles] + ["accounting"]
+
+
+def entry_restarts(w, killed):
+    """The controller's entry: a daemon killed in it (pkill) is started again, and
+    slurmdbd says so in the container's log; `killed` gets what was killed."""
+
+    def handler(ctr, cmd):
+        if cmd[:2] == ["pkill", "-KILL"]:
+            killed.append(cmd[-1])
+            ctr.logs += "slurmdbd version 24.11.5 started\n"
+        return ExecResult(0, "")
+
+    w.provider.exec_handler = handler
+
+
 # -- spec -----------------------------------------------------------------------------------
 def test_defaults_overrides_and_bad_values(tmp_path):
     w = world(tmp_path)
@@ -67,12 +103,14 @@ def test_slurm_conf_and_slurmdbd_conf(tmp_path):
     w = world(tmp_path)
     cat = w.env.catalogue
     on = render(validate(spec_doc("lab", Rest={"Enabled": True}), cat), cat)
-    assert "AccountingStorageType=accounting_storage/slurmdbd" in on and "AccountingStorageHost=slurmdbd" in on
+    # slurmdbd runs in the controller's container: slurmctld and the nodes reach it there
+    assert "AccountingStorageType=accounting_storage/slurmdbd" in on and "AccountingStorageHost=controller-1" in on
     assert "JobAcctGatherType=jobacct_gather/linux" in on and "AuthAltTypes=auth/jwt" in on
     off = render(validate(spec_doc("lab", Accounting={"Enabled": False}), cat), cat)
     assert "JobAcctGatherType=jobacct_gather/none" in off and "AccountingStorage" not in off and "jwt" not in off
     dbd = slurmdbd_conf(validate(spec_doc("lab", Rest={"Enabled": True}), cat), "pw123")
     assert "StoragePass=pw123" in dbd and "StorageHost=127.0.0.1" in dbd and "jwt_key=/etc/slurm/jwt.key" in dbd
+    assert "DbdHost=controller-1" in dbd
 
 
 def test_init_sql_renames_the_seed_cluster_and_its_tables_to_the_clusters_as_slurm_names_them():
@@ -88,70 +126,74 @@ def test_init_sql_renames_the_seed_cluster_and_its_tables_to_the_clusters_as_slu
 
 
 # -- create -----------------------------------------------------------------------------------
-def test_create_starts_slurmdbd_with_its_database_and_slurmctld_at_once_then_the_nodes(tmp_path):
-    # each daemon waits in its entry for the one it needs (images/node/hp-entry), not for
-    # hp; accounting's container is made (on a thread) alongside the controller's, so
-    # which is made first is not fixed; the nodes' containers are made once accounting's
-    # started (theirs would slow it)
+def test_create_starts_accounting_in_the_controllers_container_then_the_nodes(tmp_path):
+    # slurmdbd and MariaDB run in the controller's container, each daemon waiting in its
+    # entry for the one it needs (images/node/hp-entry), not for hp; the nodes' containers
+    # are made once the controller's started (theirs would slow that chain)
     w = world(tmp_path)
     c = make(w, Rest={"Enabled": True})
     order = calls(w, "create", "start")
     nodes = {f"hp-lab-{n}" for n in ("login-1", "cpu-1")}
-    ctl = order.index(("create", "hp-lab-controller-1"))
-    assert all(order.index(("create", n)) > ctl for n in nodes)  # its capacity before any node's
-    dbd_started = order.index(("start", "hp-lab-slurmdbd"))
-    assert all(order.index(("create", n)) > dbd_started for n in nodes)
-    assert not [n for _, n in order if "mariadb" in n]  # no container of its own
+    assert order.index(("create", "hp-lab-controller-1")) == 0  # its capacity before any node's
+    ctl_started = order.index(("start", "hp-lab-controller-1"))
+    assert all(order.index(("create", n)) > ctl_started for n in nodes)
+    assert not [n for _, n in order if "mariadb" in n or "slurmdbd" in n]  # no container of their own
     starts = [n for _, n in calls(w, "start")]
     assert starts.index("hp-lab-controller-1") < starts.index("hp-lab-slurmrestd")
     p = w.provider
-    dbd = p.node("lab", "slurmdbd")
-    assert dbd.spec.restart_policy == "unless-stopped" and dbd.spec.hostname == "slurmdbd"
-    assert {"/etc/slurm/slurmdbd.conf", "/etc/slurm/slurm.key", "/etc/slurm/jwt.key"} <= set(dbd.files)
-    assert dbd.spec.volumes == {"hp-lab-db": "/var/lib/mysql"} and "/etc/mysql/hp-init.sql" in dbd.files
-    assert dbd.spec.cpu_limit == 1.5
+    ctl = p.node("lab", "controller-1")
+    assert {"/etc/slurm/slurmdbd.conf", "/etc/slurm/slurm.key", "/etc/slurm/jwt.key"} <= set(ctl.files)
+    assert ctl.spec.volumes == {"hp-lab-slurmctld": "/var/spool/slurmctld", "hp-lab-db": "/var/lib/mysql"}
+    itype = w.env.catalogue[c.spec.group("controller").InstanceType]
+    assert ctl.spec.cpu_limit == itype.cpu_limit + ACCOUNTING_QUOTA[0]
+    assert ctl.spec.memory_bytes == (itype.memory_mib + ACCOUNTING_QUOTA[1]) * 2**20
     rest = p.node("lab", "slurmrestd")
     assert set(rest.files) == {"/etc/slurm/slurm.conf"}
-    ctl = p.node("lab", "controller-1")
     assert ctl.files["/etc/slurm/jwt.key"] == accounting.jwt_key(c)
     for f in ("jwt.key", "db.password"):
         assert oct((c.dir / f).stat().st_mode & 0o777) == "0o600"
     pw = accounting.db_password(c)
-    assert pw.encode() in dbd.files["/etc/slurm/slurmdbd.conf"] and pw.encode() in dbd.files["/etc/mysql/hp-init.sql"]
+    assert pw.encode() in ctl.files["/etc/slurm/slurmdbd.conf"] and pw.encode() in ctl.files["/etc/slurm/hp-init.sql"]
     stored = w.env.store.cluster("lab").spec
     assert stored["Accounting"] == {"Enabled": True} and stored["Rest"] == {"Enabled": True}  # fixed at create
-    assert delete(w.env, "lab") == {"containers": 6, "networks": 1, "volumes": 3}
+    assert delete(w.env, "lab") == {"containers": 5, "networks": 1, "volumes": 3}
 
 
 def test_without_accounting_the_controller_starts_at_once(tmp_path):
     w = world(tmp_path)
-    make(w, Accounting={"Enabled": False})
+    c = make(w, Accounting={"Enabled": False})
     assert [n for _, n in calls(w, "create", "start")][:2] == ["hp-lab-controller-1", "hp-lab-controller-1"]
     assert not [n for _, n in calls(w, "create") if "mariadb" in n or "slurmdbd" in n]
     assert describe(w.env, "lab")["SlurmHealth"] == []
+    ctl = w.provider.node("lab", "controller-1")
+    assert "/etc/slurm/slurmdbd.conf" not in ctl.files and ctl.spec.volumes == {
+        "hp-lab-slurmctld": "/var/spool/slurmctld"
+    }
+    assert ctl.spec.cpu_limit == w.env.catalogue[c.spec.group("controller").InstanceType].cpu_limit
 
 
 def test_a_database_that_exits_at_start_fails_the_create_and_rolls_back(tmp_path):
     w = world(tmp_path)
 
-    def crash(c):  # MariaDB dies: the entry stops slurmdbd and the container exits
-        if c.spec.labels.get("io.hp.role") == "accounting":
-            c.state, c.exit_code, c.logs = "exited", 1, "mariadbd: [ERROR] Aborting\nhp-entry: mariadbd exited (1)\n"
+    def crash(c):  # the database cannot be set up: the controller's entry exits
+        if c.spec.labels.get("io.hp.role") == "controller":
+            c.state, c.exit_code, c.logs = "exited", 1, "mariadb-install-db: [ERROR] Aborting\n"
 
     w.provider.on_start.append(crash)
-    with pytest.raises(OperationFailed, match="(?s)slurmdbd exited .*Aborting"):
+    with pytest.raises(
+        OperationFailed, match=r"(?s)hp-lab-controller-1 exited \(1\) before slurmdbd was ready.*Aborting"
+    ):
         make(w)
     assert w.provider.containers("lab") == [] and w.provider.volumes("lab") == []
     assert not (w.home / "clusters" / "lab" / "db.password").exists()
 
 
-def test_accounting_that_cannot_start_fails_the_create_and_rolls_back_after_the_other_starts(tmp_path):
+def test_a_controller_that_cannot_start_fails_the_create_before_any_node_is_made(tmp_path):
     w = world(tmp_path)
-    w.provider.fail_start = lambda c: EngineError("port conflict", 500) if "slurmdbd" in c.spec.name else None
-    with pytest.raises(OperationFailed, match="slurmdbd's container could not be started: port conflict"):
+    w.provider.fail_start = lambda c: EngineError("port conflict", 500) if "controller" in c.spec.name else None
+    with pytest.raises(OperationFailed, match="port conflict"):
         make(w)
-    # the controller's start, on its thread, ended before the rollback removed all
-    assert ("start", "hp-lab-controller-1") in calls(w, "start")
+    assert [n for _, n in calls(w, "create")] == ["hp-lab-controller-1"]  # the nodes would wait for nothing
     assert w.provider.containers("lab") == [] and w.provider.volumes("lab") == []
     assert w.env.store.cluster("lab").status == "Failed"
 
@@ -160,7 +202,7 @@ def test_a_database_that_never_answers_is_named_when_slurmdbd_waits_for_it(tmp_p
     w = world(tmp_path)
 
     def silent(c):  # MariaDB runs, and never says it is ready (the entry keeps slurmdbd waiting)
-        if c.spec.labels.get("io.hp.role") == "accounting":
+        if c.spec.labels.get("io.hp.role") == "controller":
             c.logs = "mariadbd: [Note] InnoDB: Buffer pool(s) load completed\n"
 
     w.provider.on_start.append(silent)
@@ -177,11 +219,11 @@ def test_health_states(tmp_path):
     c = make(w)
     h = accounting.health(c)
     assert h.healthy and h.as_dict() == {"Component": "Slurmdbd", "Status": "Healthy", "Message": h.message}
-    w.provider.kill("hp-lab-slurmdbd")  # its database with it: one container
+    w.provider.kill("hp-lab-controller-1")  # slurmdbd and its database with it
     h = accounting.health(c)
-    assert (h.status, h.reason) == ("Unhealthy", "DaemonDown") and "exited" in h.message
-    assert "Reason" in h.as_dict()
-    w.provider.start("hp-lab-slurmdbd")
+    assert (h.status, h.reason) == ("Unhealthy", "DaemonDown")
+    assert h.message == "the controller's container is exited (exit 137)" and "Reason" in h.as_dict()
+    w.provider.start("hp-lab-controller-1")
     # running but not answering: slurmdbd says its database is unreachable
     w.slurm.acct_ping = AccountingPing(False, True, False, "Unable to connect to database")
     assert accounting.health(c).reason == "DbUnreachable"
@@ -192,11 +234,15 @@ def test_health_states(tmp_path):
         asked.append(ctr.spec.name) or ExecResult(0 if "mariadb" in cmd else 1, "")
     )
     assert accounting.health(c).reason == "DaemonDown"
-    assert "hp-lab-slurmdbd" in asked  # the client in slurmdbd's container
+    assert asked == ["hp-lab-controller-1"]  # the client beside it, in the controller's container
     w.provider.exec_handler = lambda ctr, cmd: ExecResult(1, "")
     assert accounting.health(c).reason == "DbUnreachable"
     doc = describe(w.env, "lab")
     assert doc["SlurmHealth"][0]["Reason"] == "DbUnreachable" and doc["Accounting"] == {"Enabled": True}
+    legacy_accounting(w, c)  # an older cluster's: its own container
+    w.slurm.acct_ping = None
+    w.provider.kill("hp-lab-slurmdbd")
+    assert accounting.health(c).message == "slurmdbd's container is exited (exit 137)"
 
 
 def test_parsers():
@@ -219,10 +265,56 @@ def test_parsers():
 
 
 # -- bringing services back -----------------------------------------------------------------------
-def test_watch_brings_a_dead_accounting_back_and_records_it(tmp_path, monkeypatch):
+def test_watch_kills_a_hung_slurmdbd_or_database_in_the_controller_after_a_while(tmp_path, monkeypatch):
+    monkeypatch.setattr("orchestrator.services.servicewatch.SETTLE_S", 0)
+    w = world(tmp_path)
+    make(w)
+    killed: list[str] = []
+    entry_restarts(w, killed)
+    watch = ServiceWatch(w.env, "lab")
+    w.slurm.acct_ping = AccountingPing(False, False, True, "")  # slurmdbd hung; the database answers
+    watch.step(now=0.0)
+    assert any("Unhealthy (DaemonDown)" in e.description for e in w.env.store.events("lab"))
+    watch.step(now=10.0)
+    assert killed == []  # not yet: it may be busy
+    watch.step(now=40.0)
+    assert killed == ["slurmdbd"] and not calls(w, "restart")  # the process, not the controller
+    texts = [e.description for e in w.env.store.events("lab")]
+    assert any("slurmdbd runs but does not answer: killing it" in t for t in texts)
+    assert any("slurmdbd killed and started again" in t for t in texts)
+    w.slurm.acct_ping = AccountingPing(False, True, False, "Unable to connect to database")  # MariaDB hung
+    watch.step(now=50.0)
+    watch.step(now=90.0)
+    assert killed == ["slurmdbd", "mariadbd"]
+    w.slurm.acct_ping = None
+    watch.step(now=100.0)
+    assert any("Healthy again" in e.description for e in w.env.store.events("lab"))
+
+
+def test_a_hung_daemon_that_does_not_come_back_is_tried_again_later(tmp_path, monkeypatch):
+    monkeypatch.setattr("orchestrator.services.servicewatch.SETTLE_S", 0)
+    monkeypatch.setattr(accounting, "READY_TIMEOUT", 0.2)
+    w = world(tmp_path)
+    make(w)
+    killed: list[str] = []
+    w.provider.exec_handler = lambda ctr, cmd: (  # the daemon never says it started again
+        ExecResult(0, "") if cmd[0] != "pkill" else killed.append(cmd[-1]) or ExecResult(0, "")
+    )
+    w.slurm.acct_ping = AccountingPing(False, False, True, "")
+    watch = ServiceWatch(w.env, "lab")
+    watch.step(now=0.0)
+    watch.step(now=40.0)
+    assert killed == ["slurmdbd"]
+    assert any("bringing slurmdbd back failed" in e.description for e in w.env.store.events("lab"))
+    watch.step(now=45.0)  # backing off
+    assert killed == ["slurmdbd"]
+
+
+def test_watch_brings_an_older_clusters_accounting_container_back(tmp_path, monkeypatch):
     monkeypatch.setattr("orchestrator.services.servicewatch.SETTLE_S", 0)
     w = world(tmp_path)
     c = make(w)
+    legacy_accounting(w, c)
     w.provider.kill("hp-lab-slurmdbd")
     watch = ServiceWatch(w.env, "lab")
     watch.step(now=100.0)
@@ -231,43 +323,32 @@ def test_watch_brings_a_dead_accounting_back_and_records_it(tmp_path, monkeypatc
     assert any("slurmdbd (container exited, exit 137) down" in t for t in texts)
     assert any("slurmdbd restarted: back in" in t for t in texts)
     assert accounting.health(c).healthy
-    # removed by someone: made again on its volume
-    w.provider.remove_container("hp-lab-slurmdbd")
-    watch.step(now=101.0)
-    assert w.provider.node("lab", "slurmdbd").state == "running"
-    assert any("slurmdbd re-created" in e.description for e in w.env.store.events("lab"))
-
-
-def test_watch_restarts_a_hung_service_after_a_while_and_reports_health_changes(tmp_path, monkeypatch):
-    monkeypatch.setattr("orchestrator.services.servicewatch.SETTLE_S", 0)
-    w = world(tmp_path)
-    make(w)
-    watch = ServiceWatch(w.env, "lab")
-    w.slurm.acct_ping = AccountingPing(False, False, True, "")  # slurmdbd hung; the database answers
-    watch.step(now=0.0)
-    assert any("Unhealthy (DaemonDown)" in e.description for e in w.env.store.events("lab"))
-    before = len(calls(w, "restart"))
-    watch.step(now=10.0)
-    assert len(calls(w, "restart")) == before  # not yet: it may be busy
-    watch.step(now=40.0)
-    assert calls(w, "restart")[before:] == [("restart", "hp-lab-slurmdbd")]
+    # hung: its container restarted
+    w.slurm.acct_ping = AccountingPing(False, False, True, "")
+    watch.step(now=200.0)
+    watch.step(now=240.0)
+    assert calls(w, "restart")[-1:] == [("restart", "hp-lab-slurmdbd")]
     w.slurm.acct_ping = None
-    watch.step(now=50.0)
-    assert any("Healthy again" in e.description for e in w.env.store.events("lab"))
+    # removed by someone: an old hp's, not made anew
+    w.provider.remove_container("hp-lab-slurmdbd")
+    assert accounting.roles(c) == [] and accounting.ensure_up(c) == []
 
 
 def test_a_service_that_does_not_come_back_is_retried_later(tmp_path, monkeypatch):
     monkeypatch.setattr("orchestrator.services.servicewatch.SETTLE_S", 0)
     w = world(tmp_path)
-    make(w)
-    w.provider.kill("hp-lab-slurmdbd")
-    w.provider.fail_start = lambda c: EngineError("no", 500) if "slurmdbd" in c.spec.name else None
+    make(w, Rest={"Enabled": True})
+    w.provider.kill("hp-lab-slurmrestd")
+    w.provider.fail_start = lambda c: EngineError("no", 500) if "slurmrestd" in c.spec.name else None
     watch = ServiceWatch(w.env, "lab")
     watch.step(now=0.0)
-    assert any("could not bring slurmdbd" in e.description for e in w.env.store.events("lab"))
+    assert any("could not bring slurmrestd" in e.description for e in w.env.store.events("lab"))
     n = len(w.env.store.events("lab"))
     watch.step(now=5.0)  # backing off
-    assert len(w.env.store.events("lab")) == n + 1  # only the health change is recorded
+    assert len(w.env.store.events("lab")) == n
+    w.provider.fail_start = lambda c: None
+    watch.step(now=100.0)
+    assert w.provider.node("lab", "slurmrestd").state == "running"
 
 
 def test_a_legacy_database_container_is_kept_running_and_asked(tmp_path, monkeypatch):
@@ -278,16 +359,7 @@ def test_a_legacy_database_container_is_kept_running_and_asked(tmp_path, monkeyp
     w = world(tmp_path)
     c = make(w)
     p = w.provider
-    dbd = p.node("lab", "slurmdbd")
-    legacy = ContainerSpec(
-        name="hp-lab-mariadb",
-        image=dbd.spec.image,
-        hostname="mariadb",
-        labels=labels("lab", "database"),
-        network=dbd.spec.network,
-    )
-    p.start(p.create_container(legacy))
-    assert accounting.roles(c) == ["database", "accounting"]
+    legacy_accounting(w, c, database=True)
     assert accounting.health(c).healthy
     p.kill("hp-lab-mariadb")
     h = accounting.health(c)
@@ -304,9 +376,22 @@ def test_a_legacy_database_container_is_kept_running_and_asked(tmp_path, monkeyp
     assert accounting.roles(c) == ["accounting"] and accounting.ensure_up(c) == []
 
 
-def test_controller_reboot_brings_accounting_back_first(tmp_path):
+def test_a_controller_reboot_starts_its_container_alone(tmp_path):
+    """Its entry starts MariaDB, slurmdbd, then slurmctld: hp waits for nothing first."""
     w = world(tmp_path)
     c = make(w)
+    w.provider.kill("hp-lab-controller-1")
+    w.provider.calls.clear()
+    assert actions.reboot(c, "controller-1", "container died", wait=5)
+    assert [n for _, n in calls(w, "start")] == ["hp-lab-controller-1"]
+    assert not any("waits for accounting first" in e.description for e in w.env.store.events("lab"))
+    assert accounting.health(c).healthy
+
+
+def test_controller_reboot_brings_an_older_clusters_accounting_back_first(tmp_path):
+    w = world(tmp_path)
+    c = make(w)
+    legacy_accounting(w, c)
     w.provider.kill("hp-lab-slurmdbd")
     w.provider.kill("hp-lab-controller-1")
     w.provider.calls.clear()
@@ -316,9 +401,10 @@ def test_controller_reboot_brings_accounting_back_first(tmp_path):
     assert any("waits for accounting first" in e.description for e in w.env.store.events("lab"))
 
 
-def test_controller_reboot_fails_while_accounting_cannot_come_back(tmp_path):
+def test_controller_reboot_fails_while_an_older_clusters_accounting_cannot_come_back(tmp_path):
     w = world(tmp_path)
     c = make(w)
+    legacy_accounting(w, c)
     w.provider.kill("hp-lab-slurmdbd")
     w.provider.kill("hp-lab-controller-1")
     w.provider.fail_start = lambda ctr: EngineError("no", 500) if "slurmdbd" in ctr.spec.name else None
@@ -541,8 +627,8 @@ def test_token_api_metrics_cli(tmp_path, monkeypatch, capsys):
 
     code, out, err = run("describe", "lab")
     assert code == 0 and "slurmdbd: Healthy: slurmdbd answers" in out and "rest:" not in out
-    w.provider.kill("hp-lab-slurmdbd")
-    assert "slurmdbd: Unhealthy (DaemonDown): slurmdbd's container is exited" in run("describe", "lab")[1]
+    w.provider.kill("hp-lab-controller-1")
+    assert "slurmdbd: Unhealthy (DaemonDown): the controller's container is exited" in run("describe", "lab")[1]
     assert "rest: not served yet (hp api, hp token)" in run("describe", "rl")[1]
     code, out, err = run("token", "lab")
     assert code == 2 and "has no REST API" in err and out == ""
@@ -562,17 +648,17 @@ def test_logs_never_hold_the_jwt_key_or_the_db_password(tmp_path):
     w = world(tmp_path)
     c = make(w, Rest={"Enabled": True})
     key, pw = accounting.jwt_key(c), accounting.db_password(c).encode()
-    dbd = w.provider.node("lab", "slurmdbd")
-    dbd.files["/var/log/slurm/slurmdbd.log"] = b"connecting with " + pw + b" and " + key + b"\n"
-    dbd.logs += f"password {pw.decode()}\n"
+    ctl = w.provider.node("lab", "controller-1")  # slurmdbd's, and MariaDB's
+    ctl.files["/var/log/slurm/slurmdbd.log"] = b"connecting with " + pw + b" and " + key + b"\n"
+    ctl.logs += f"password {pw.decode()}\n"
     out = tmp_path / "logs"
     doc = export_logs(w.env, "lab", out)
-    assert "services/slurmdbd/slurmdbd.log" in doc["Files"]
+    assert "controller-1/slurmdbd.log" in doc["Files"]
     for f in out.rglob("*"):
         if f.is_file():
             data = f.read_bytes()
             assert pw not in data and key not in data, f
-    assert b"<hp: secret removed>" in (out / "services" / "slurmdbd" / "slurmdbd.log").read_bytes()
+    assert b"<hp: secret removed>" in (out / "controller-1" / "slurmdbd.log").read_bytes()
     doc = json.dumps(describe(w.env, "lab"))
     assert pw.decode() not in doc and "jwt" not in doc.lower()
     assert all(pw.decode() not in e.description for e in w.env.store.events("lab"))
