@@ -103,12 +103,13 @@ def first_srun(home: str) -> tuple[float, list[tuple[float, str, str]]]:
 
 
 # what each daemon says when it first answers (its container's log, Docker's timestamps)
+# (with Accounting, MariaDB and slurmdbd run in the controller's container)
 FIRST_ANSWER = {
-    "accounting": [
+    "controller": [
         (DATABASE_READY.pattern, "MariaDB ready for connections"),
         (READY["accounting"].pattern, "slurmdbd started"),
+        (r"Running as primary controller", "slurmctld serving"),
     ],
-    "controller": [(r"Running as primary controller", "slurmctld serving")],
     "login": [(r"sackd: running", "sackd running")],
     "worker": [(r"slurmd started on", "slurmd started")],
 }
