@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import secrets
@@ -22,8 +23,10 @@ from orchestrator.cluster.teardown import remove_network  # noqa: E402
 from orchestrator.core.context import SLURM_UID  # noqa: E402
 from orchestrator.core.launcher import ACCOUNTING_QUOTA  # noqa: E402
 from orchestrator.docker import images as image_sets  # noqa: E402
-from orchestrator.docker.engine import DockerEngine as DockerProvider
+from orchestrator.docker.engine import DockerEngine as DockerProvider  # noqa: E402
+from orchestrator.docker.engine import tar_of  # noqa: E402
 from orchestrator.docker.images import Images  # noqa: E402
+from orchestrator.docker.provider import FileMap  # noqa: E402
 from orchestrator.docker.views import ContainerSpec  # noqa: E402
 from orchestrator.errors import EngineError  # noqa: E402
 from orchestrator.naming import node_name  # noqa: E402
@@ -83,12 +86,16 @@ def spec_doc(name: str, n: int, itype: str = "bench.tiny", login: bool = False, 
 
 
 def floor(n: int, itype: str = "bench.tiny") -> float:
-    """Seconds from nothing to n idle Slurm nodes, with plain docker-py calls: the same
-    images and slurm.conf, no orchestration (no state, no capacity, no labels logic). The
-    fastest order found: every container created at once on threads, the controller
-    started first and each worker as soon as it is made (the image's entry starts slurmd
-    once slurmctld listens, a connect every 0.05 s), Slurm polled every 0.05 s. (Workers
-    started only after `scontrol ping` answered: 10-20% slower at N = 4 here.)"""
+    """Seconds from nothing to n idle Slurm nodes with plain docker-py, timed as `hp create
+    --wait` is: from its process's spawn to its exit (bench/floorrun.py: docker-py and the
+    standard library, no import of hp's). The same images, slurm.conf, files and container
+    settings as hp's (DockerEngine.create_args), prepared here before the clock starts; no
+    orchestration (no state, capacity, labels logic or checks). The fastest order found:
+    every container created at once on threads, the controller first and each started as
+    soon as it is made (the image's entry starts slurmd once slurmctld listens, a connect
+    every 0.05 s), Slurm polled every 0.05 s. (Workers started only after `scontrol ping`
+    answered: 10-20% slower at N = 4 here.) The floor's own figure from its first Docker
+    call is kept in FLOOR_DOCKER_S (what a floor inside an already-running Python gives)."""
     os.environ.setdefault("HP_INSTANCE_TYPES", "")
     p = DockerProvider()
     with tempfile.TemporaryDirectory() as tmp:
@@ -103,23 +110,26 @@ def floor(n: int, itype: str = "bench.tiny") -> float:
         t = cat[itype]
         net = f"floor-{name}"
         lab = {"io.hp.bench": net}
-        t0 = time.monotonic()
-        with bench_network(p, net) as ids:
 
-            def controller() -> str:
-                return started(
-                    p,
-                    ids,
-                    ContainerSpec(
-                        name=f"{net}-ctl", image=imgs["controller"], hostname="controller-1", labels=lab, network=net
-                    ),
-                    {"/etc/slurm": {"slurm.conf": (conf, 0o644, 0), "slurm.key": (key, 0o600, SLURM_UID)}},
+        def container(cs: ContainerSpec, files: FileMap) -> dict:
+            return {"image": cs.image, "args": p.create_args(cs), "tar": base64.b64encode(tar_of(files)).decode()}
+
+        ctl = ContainerSpec(
+            name=f"{net}-ctl", image=imgs["controller"], hostname="controller-1", labels=lab, network=net
+        )
+        job = {
+            "base_url": os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock"),
+            "api_version": p.api.api_version,
+            "network": net,
+            "network_labels": lab,
+            "want": n,
+            "containers": [
+                container(
+                    ctl, {"etc/slurm/slurm.conf": (conf, 0o644, 0), "etc/slurm/slurm.key": (key, 0o600, SLURM_UID)}
                 )
-
-            def worker(i: int) -> str:
-                return started(
-                    p,
-                    ids,
+            ]
+            + [
+                container(
                     ContainerSpec(
                         name=f"{net}-w{i}",
                         image=imgs["worker"],
@@ -130,16 +140,36 @@ def floor(n: int, itype: str = "bench.tiny") -> float:
                         cpu_limit=t.cpu_limit,
                         memory_bytes=t.memory_mib * 2**20,
                     ),
-                    {"/etc/slurm": {"slurm.key": (key, 0o600, 0)}},
+                    {"etc/slurm/slurm.key": (key, 0o600, 0)},
                 )
-
+                for i in range(1, n + 1)
+            ],
+        }
+        jf = Path(tmp) / "job.json"
+        jf.write_text(json.dumps(job))
+        clean_left_networks(p)
+        t0 = time.monotonic()
+        try:
+            r = subprocess.run(
+                [sys.executable, str(ROOT / "bench" / "floorrun.py"), str(jf)], capture_output=True, text=True
+            )
+            dt = time.monotonic() - t0
+        finally:
+            ids = [c["Id"] for c in p.api.containers(all=True, filters={"label": f"io.hp.bench={net}"})]
             with ThreadPoolExecutor(32) as ex:
-                ctl = ex.submit(controller)
-                list(ex.map(worker, range(1, n + 1)))
-                slurm = Slurm(p, ctl.result())
-            while sum(1 for x in slurm.nodes() if x.usable) < n:
-                time.sleep(0.05)
-            return time.monotonic() - t0
+                list(ex.map(p.remove_container, ids))
+            if p.api.networks(names=[net]) and not remove_network(p, net):
+                print(
+                    f"warning: the bench's network {net} is left (Docker still counts endpoints on it)", file=sys.stderr
+                )
+        if r.returncode != 0:
+            raise SystemExit(f"the floor's process failed ({r.returncode}):\n{r.stderr[-3000:]}")
+        FLOOR_DOCKER_S.append(json.loads(r.stdout.splitlines()[-1])["docker_s"])
+        return dt
+
+
+# each floor's seconds from its first Docker call (floorrun.py's own figure), in run order
+FLOOR_DOCKER_S: list[float] = []
 
 
 def first_job_floor() -> float:
@@ -280,19 +310,25 @@ def started(p: DockerProvider, ids: list[str], spec: ContainerSpec, files: dict[
 _LEFT: set[str] = set()
 
 
+def clean_left_networks(p: DockerProvider) -> None:
+    """Earlier runs' networks, once Docker let go of them: one try each (not
+    remove_network's wait: in some floors this runs inside the timing)."""
+    for left in p.api.networks(filters={"label": "io.hp.bench"}):
+        if left["Id"] not in _LEFT and not p.api.inspect_network(left["Id"]).get("Containers"):
+            try:
+                p.remove_network(left["Id"])
+            except EngineError as e:
+                _LEFT.add(left["Id"])
+                print(f"warning: an earlier bench's network is still left: {e}", file=sys.stderr)
+
+
 @contextmanager
 def bench_network(p: DockerProvider, net: str) -> Iterator[list[str]]:
     """A bridge network of the bench's own (made on entry), and the list of the containers
     made on it: all removed on the way out (the network left, with a warning, when Docker
     still counts endpoints on it after NETWORK_BUSY_S; a later run tries it again once)."""
     ids: list[str] = []
-    for left in p.api.networks(filters={"label": "io.hp.bench"}):  # an earlier run's, once Docker let go of it
-        if left["Id"] not in _LEFT and not p.api.inspect_network(left["Id"]).get("Containers"):
-            try:  # one try, not remove_network's wait: this runs inside the floors' timings
-                p.remove_network(left["Id"])
-            except EngineError as e:
-                _LEFT.add(left["Id"])
-                print(f"warning: an earlier bench's network is still left: {e}", file=sys.stderr)
+    clean_left_networks(p)
     try:
         p.api.create_network(net, driver="bridge", labels={"io.hp.bench": net})
         yield ids

@@ -155,6 +155,18 @@ exit 3
 """
 
 
+def tar_of(files: FileMap) -> bytes:
+    """One tar archive of `files` (name -> content, mode, owner's uid and gid), as
+    `put_files` copies them into a container in one call."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, (content, mode, uid) in files.items():
+            ti = tarfile.TarInfo(name)
+            ti.size, ti.mode, ti.uid, ti.gid, ti.mtime = len(content), mode, uid, uid, int(time.time())
+            tar.addfile(ti, io.BytesIO(content))
+    return buf.getvalue()
+
+
 class DockerEngine:
     """The Provider (provider.py) on one Docker engine.
 
@@ -391,6 +403,13 @@ class DockerEngine:
 
     # -- containers -------------------------------------------------------------------
     def create_container(self, spec: ContainerSpec) -> str:
+        with _errors(f"create container {spec.name}"):
+            res = self.api.create_container(spec.image, **self.create_args(spec))
+        return res["Id"]
+
+    def create_args(self, spec: ContainerSpec) -> dict[str, Any]:
+        """docker-py's `create_container` keywords for `spec` (less the image): what a
+        container of hp's is made with (bench/floorrun.py makes the floor's with them)."""
         api = self.api
         host_kw: dict[str, Any] = {
             "init": spec.init,
@@ -437,29 +456,20 @@ class DockerEngine:
             aliases = [spec.hostname] if spec.hostname else None
             net_cfg = api.create_networking_config({spec.network: api.create_endpoint_config(aliases=aliases)})
             host_kw["sysctls"] = NEIGHBOUR_SYSCTLS
-        with _errors(f"create container {spec.name}"):
-            res = api.create_container(
-                spec.image,
-                command=spec.command,
-                entrypoint=spec.entrypoint,
-                name=spec.name,
-                hostname=spec.hostname if not spec.network_of and spec.network != "host" else None,
-                labels=spec.labels,
-                environment=env,
-                host_config=api.create_host_config(**host_kw),
-                networking_config=net_cfg,
-            )
-        return res["Id"]
+        return {
+            "command": spec.command,
+            "entrypoint": spec.entrypoint,
+            "name": spec.name,
+            "hostname": spec.hostname if not spec.network_of and spec.network != "host" else None,
+            "labels": spec.labels,
+            "environment": env,
+            "host_config": api.create_host_config(**host_kw),
+            "networking_config": net_cfg,
+        }
 
     def put_files(self, container: str, directory: str, files: FileMap) -> None:
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            for name, (content, mode, uid) in files.items():
-                ti = tarfile.TarInfo(name)
-                ti.size, ti.mode, ti.uid, ti.gid, ti.mtime = len(content), mode, uid, uid, int(time.time())
-                tar.addfile(ti, io.BytesIO(content))
         with _errors(f"copy files into {container}:{directory}"):
-            self.api.put_archive(container, directory, buf.getvalue())
+            self.api.put_archive(container, directory, tar_of(files))
 
     def get_file(self, container: str, path: str) -> bytes:
         with _errors(f"read {container}:{path}"):
