@@ -172,7 +172,9 @@ def test_write_docs_writes_what_the_block_printed_and_only_when_it_ended_well(
 
 
 def test_every_benchmark_that_prints_figures_can_write_them() -> None:
-    scripts = sorted(p for p in (ROOT / "bench").glob("*.py") if p.name not in ("benchdocs.py", "common.py", "floorrun.py"))
+    scripts = sorted(
+        p for p in (ROOT / "bench").glob("*.py") if p.name not in ("benchdocs.py", "common.py", "floorrun.py")
+    )
     assert scripts
     lacking = [
         p.name
