@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from ..docker.views import ContainerSpec
 from ..errors import EngineError, EngineUnavailable, InsufficientCapacity, LaunchError, OperationFailed
@@ -165,11 +166,15 @@ class Launcher:
         wanted: list[tuple[InstanceGroup, int]],
         files: FileMap | None = None,
         drain_reason: str | None = None,
+        on_made: Callable[[str, str], None] | None = None,
     ) -> dict[str, str | LaunchError]:
         """Reserve capacity for the wanted nodes and create (not start) their containers,
         in parallel. Returns node name -> container id, or the LaunchError that stopped it.
         Capacity is decided for the whole batch under one host-wide lock: created
-        containers count as used, so the next decision (any process) sees them."""
+        containers count as used, so the next decision (any process) sees them.
+        `on_made(node, cid)` is called as each node without GPUs is made (its files in),
+        so that its start need not wait for the batch's last create; a GPU node's start
+        waits for gres.conf, written once the batch is made."""
         c = self.c
         out: dict[str, str | LaunchError] = {}
         todo: list[tuple[InstanceGroup, int, list[str] | None, str]] = []
@@ -196,7 +201,14 @@ class Launcher:
             if c.multihost:  # recorded first: a copy of the node on another host is stale from now on
                 for g, i, _, host in todo:
                     c.store.set_node_host(c.name, node_name(g.InstanceGroupName, i), host)
-            results = parallel(lambda t: self._create_one(t[0], t[1], t[2], files, drain_reason, t[3]), todo)
+
+            def one(t: tuple[InstanceGroup, int, list[str] | None, str]) -> str | LaunchError:
+                res = self._create_one(t[0], t[1], t[2], files, drain_reason, t[3])
+                if on_made is not None and isinstance(res, str) and not t[2]:
+                    on_made(node_name(t[0].InstanceGroupName, t[1]), res)
+                return res
+
+            results = parallel(one, todo)
         for (g, i, _, _), r in zip(todo, results, strict=True):
             out[node_name(g.InstanceGroupName, i)] = r
         gpu_nodes = {
