@@ -33,6 +33,7 @@ from orchestrator.naming import node_name  # noqa: E402
 from orchestrator.services.accounting import init_sql  # noqa: E402
 from orchestrator.slurm.client import SlurmCli as Slurm  # noqa: E402
 from orchestrator.slurm.conf import controller_node, render, slurmd_conf, slurmdbd_conf  # noqa: E402
+from orchestrator.slurm.model import IDLE, NOT_USABLE_FLAGS  # noqa: E402
 from orchestrator.spec.catalogue import load_catalogue  # noqa: E402
 from orchestrator.spec.model import DEFAULT_SPEC, validate  # noqa: E402
 
@@ -123,6 +124,8 @@ def floor(n: int, itype: str = "bench.tiny") -> float:
             "network": net,
             "network_labels": lab,
             "want": n,
+            "idle": IDLE,
+            "not_usable": sorted(NOT_USABLE_FLAGS),
             "containers": [
                 container(
                     ctl, {"etc/slurm/slurm.conf": (conf, 0o644, 0), "etc/slurm/slurm.key": (key, 0o600, SLURM_UID)}

@@ -21,8 +21,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import docker
 
-BUSY = {"DRAIN", "DRAINED", "DRAINING", "NOT_RESPONDING", "FAIL", "MAINTENANCE", "DOWN", "FUTURE"}
-
 
 def main() -> None:
     with open(sys.argv[1]) as f:
@@ -31,6 +29,7 @@ def main() -> None:
     t0 = time.monotonic()
     api.create_network(job["network"], driver="bridge", labels=job["network_labels"])
     ids: list[str] = []
+    not_usable = set(job["not_usable"])  # hp's rule (SlurmNode.usable), handed over as data
 
     def started(c: dict) -> str:
         cid = api.create_container(c["image"], **c["args"])["Id"]
@@ -47,9 +46,9 @@ def main() -> None:
         ex_id = api.exec_create(ctl_id, ["scontrol", "show", "nodes", "--json"])["Id"]
         out = api.exec_start(ex_id)
         if api.exec_inspect(ex_id)["ExitCode"] == 0:
-            nodes = json.loads(out).get("nodes", [])
-            idle = sum(1 for n in nodes if "IDLE" in n.get("state", []) and not BUSY & set(n.get("state", [])))
-            if idle >= job["want"]:
+            states = [n.get("state") or ["UNKNOWN"] for n in json.loads(out).get("nodes", [])]
+            usable = sum(1 for s in states if s[0] == job["idle"] and not not_usable & set(s[1:]))
+            if usable >= job["want"]:
                 break
         time.sleep(0.05)
     print(json.dumps({"docker_s": time.monotonic() - t0, "ids": ids}), flush=True)

@@ -59,7 +59,7 @@ RESTART_POLICY = "unless-stopped"
 # a ceiling; it idles after create). Accounting's daemons add theirs to the controller's
 # (core/launcher.py ACCOUNTING_QUOTA).
 LIMITS = {"rest": (0.25, 256)}
-DATABASE_READY = re.compile(r"ready for connections")  # MariaDB's line, in slurmdbd's container's log
+DATABASE_READY = re.compile(r"ready for connections")  # MariaDB's line, in the log of the container it runs in
 # Older clusters' accounting containers (the module's docstring): slurmdbd and MariaDB
 # (role "accounting", hp-<c>-slurmdbd), or the database alone (role "database", hp-<c>-mariadb).
 LEGACY_ACCOUNTING = "accounting"

@@ -48,6 +48,8 @@ RESUMABLE_REASONS = (ACTION_REBOOT, ACTION_REPLACE, REBOOTING_REASON, *SLURM_OWN
 IDLE = "IDLE"
 DOWN = "DOWN"
 DRAIN_FLAGS = frozenset({"DRAIN", "DRAINING", "DRAINED"})
+# an IDLE node with any of these takes no job (SlurmNode.usable; the bench floor's count)
+NOT_USABLE_FLAGS = DRAIN_FLAGS | {"NOT_RESPONDING", "FAIL", "MAINTENANCE"}
 COMPLETED = "COMPLETED"
 JOB_ENDED = frozenset(
     {COMPLETED, "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"}
@@ -121,7 +123,7 @@ class SlurmNode:
     @property
     def usable(self) -> bool:
         """Idle and able to take jobs."""
-        return self.idle and not self.drained and not ({"NOT_RESPONDING", "FAIL", "MAINTENANCE"} & self.flags)
+        return self.idle and not (NOT_USABLE_FLAGS & self.flags)
 
     @property
     def busy(self) -> bool:
