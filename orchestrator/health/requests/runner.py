@@ -365,7 +365,6 @@ def run_and_record(
         verdicts = run_request(cluster, rid, nodes, opts, peers)
     except BaseException as e:  # noqa: BLE001 - record why, clean up, hand the nodes back, and let the caller see it
         rec.set_state(rid, RequestState.FAILED, f"{type(e).__name__}: {e}")
-        sidecar.remove_all(cluster, rid)
         hand_back(cluster, rid, nodes, opts.on_start)
         raise
     rec.set_verdicts(rid, {n: str(v) for n, v in verdicts.items()}, {n: v.result for n, v in verdicts.items()})
@@ -382,9 +381,11 @@ def run_and_record(
 
 
 def hand_back(cluster: Cluster, rid: str, nodes: list[str], on_start: bool) -> None:
-    """After a request failed (not its checks: the request itself), give back the nodes
-    it still holds: on-demand ones are resumed; on-start ones are drained again with
-    the on-start reason, still unchecked, so that they take no job."""
+    """After a request failed (not its checks: the request itself; also its worker killed,
+    service.reap_dead), remove its check containers and give back the nodes it still
+    holds: on-demand ones are resumed; on-start ones are drained again with the on-start
+    reason, still unchecked, so that they take no job."""
+    sidecar.remove_all(cluster, rid)
     try:
         held = [
             n.name for n in cluster.slurm.nodes() if n.name in nodes and n.drained and is_health_reason(n.reason, rid)
