@@ -5,7 +5,10 @@ runs in a controller), and so does every listing of a cluster's containers; engi
 does the rest through docker-py. Why a client of hp's own for these: importing docker-py
 takes 0.1 s (requests, urllib3, charset_normalizer...), more than a whole `docker exec`
 (0.06 s on the 2-core machine), and `hp exec` is held to 1.5x of one (issue 23). This
-module imports only json, os and socket; ssl (TLS) and subprocess (ssh) when used.
+module imports only json, os, _socket and _thread; socket (tcp), ssl (TLS) and subprocess
+(ssh) when used. The local socket is reached through _socket, the C module the socket
+module wraps: that module's import (selectors, array, its enum conversions of every
+constant) is 3.6 ms of a quick `hp exec`'s 60 (medians of 60 imports, 6 December).
 
 `Endpoint` is one engine's address: unix://PATH, tcp://HOST:PORT (TLS with a `Tls`),
 ssh://[USER@]HOST[:PORT] (the system's ssh running `docker system dial-stdio` on the
@@ -24,10 +27,10 @@ orchestrator type, so the quick `hp exec` (cli/quick.py) loads nothing more.
 
 from __future__ import annotations
 
+import _socket
+import _thread
 import json
 import os
-import socket
-import threading
 
 DEFAULT_SOCKET = "unix:///var/run/docker.sock"
 DEFAULT_TIMEOUT_S = 60.0  # per request, as docker-py's
@@ -64,7 +67,7 @@ class Tls:
         """ca.pem, cert.pem and key.pem in folder `d` (hp hosts add --tls-dir; DOCKER_CERT_PATH)."""
         return cls(os.path.join(d, "ca.pem"), os.path.join(d, "cert.pem"), os.path.join(d, "key.pem"), verify)
 
-    def wrap(self, sock: socket.socket, host: str) -> socket.socket:
+    def wrap(self, sock: _socket.socket, host: str) -> _socket.socket:
         import ssl
 
         if self.verify:
@@ -129,7 +132,7 @@ class _SshPipe:
 class Conn:
     """One connection to the engine, with what was read of it and not yet handed out."""
 
-    def __init__(self, sock: socket.socket | _SshPipe):
+    def __init__(self, sock: _socket.socket | _SshPipe):
         self.sock = sock
         self._buf = b""
 
@@ -138,7 +141,7 @@ class Conn:
 
     def end_input(self) -> None:
         """No more input from this side (an exec's stdin ends: SHUT_WR); its output may go on."""
-        self.sock.shutdown(socket.SHUT_WR)
+        self.sock.shutdown(_socket.SHUT_WR)
 
     def recv(self, n: int = 65536) -> bytes:
         """What was read and not handed out yet, else one read ("" at the end)."""
@@ -284,7 +287,7 @@ class Endpoint:
             self.port = int(port or default)
             self.path = ""
         self._idle: list[Conn] = []
-        self._lock = threading.Lock()
+        self._lock = _thread.allocate_lock()
         self._answered = False
 
     @classmethod
@@ -304,7 +307,7 @@ class Endpoint:
             if self.scheme == "ssh":
                 return Conn(_SshPipe(self.user, self.host, str(self.port)))
             if self.scheme == "unix":
-                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
                 s.settimeout(self.connect_timeout)
                 try:
                     s.connect(self.path)
@@ -312,6 +315,8 @@ class Endpoint:
                     s.close()
                     raise
             else:
+                import socket
+
                 s = socket.create_connection((self.host, self.port), timeout=self.connect_timeout)
                 s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 if self.tls is not None or self.scheme == "https":
