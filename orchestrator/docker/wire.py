@@ -5,7 +5,7 @@ runs in a controller), and so does every listing of a cluster's containers; engi
 does the rest through docker-py. Why a client of hp's own for these: importing docker-py
 takes 0.1 s (requests, urllib3, charset_normalizer...), more than a whole `docker exec`
 (0.06 s on the 2-core machine), and `hp exec` is held to 1.5x of one (issue 23). This
-module imports only json, os, _socket and _thread; socket (tcp), ssl (TLS) and subprocess
+module imports only json, os, _socket and threading; socket (tcp), ssl (TLS) and subprocess
 (ssh) when used. The local socket is reached through _socket, the C module the socket
 module wraps: that module's import (selectors, array, its enum conversions of every
 constant) is 3.6 ms of a quick `hp exec`'s 60 (medians of 60 imports, 6 December).
@@ -28,9 +28,9 @@ orchestrator type, so the quick `hp exec` (cli/quick.py) loads nothing more.
 from __future__ import annotations
 
 import _socket
-import _thread
 import json
 import os
+import threading
 
 DEFAULT_SOCKET = "unix:///var/run/docker.sock"
 DEFAULT_TIMEOUT_S = 60.0  # per request, as docker-py's
@@ -287,7 +287,7 @@ class Endpoint:
             self.port = int(port or default)
             self.path = ""
         self._idle: list[Conn] = []
-        self._lock = _thread.allocate_lock()
+        self._lock = threading.Lock()
         self._answered = False
 
     @classmethod

@@ -279,11 +279,11 @@ def test_a_stream_that_breaks_once_started_is_an_error_and_nothing_runs_twice(
     assert len(world.engine.called("POST", "/exec")) == 1
 
 
-def test_the_quick_way_loads_no_parser_no_docker_py_and_no_typing() -> None:
+def test_the_quick_way_loads_no_parser_no_docker_py_no_typing_and_no_socket_module() -> None:
     code = (
         "import sys; import orchestrator.cli; "
         "heavy = [m for m in ('typer', 'click', 'docker', 'requests', 'pydantic', 'rich', 'tenacity', 'typing', "
-        "'dataclasses', 'orchestrator.cli.main', 'orchestrator.core.context', 'orchestrator.state.store') "
+        "'socket', 'selectors', 'dataclasses', 'orchestrator.cli.main', 'orchestrator.core.context', 'orchestrator.state.store') "
         "if m in sys.modules]; assert not heavy, heavy"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
