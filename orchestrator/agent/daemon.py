@@ -148,6 +148,9 @@ class Agent:
 
     def run(self) -> int:
         env = self.env
+        if env.store.cluster(self.name) is None:  # e.g. `python -m orchestrator.agent` by hand, a typo
+            log.error("cluster %r does not exist: no agent for it", self.name)
+            return 2
         images = self._image_refs()
         if images is None:
             return 0

@@ -45,6 +45,16 @@ def test_agent_scales_up_and_exits_when_the_cluster_goes(tmp_path):
     agent.stop.set()
 
 
+def test_agent_for_an_unknown_cluster_says_so_and_exits_2(tmp_path, caplog):
+    """`python -m orchestrator.agent NAME` for a cluster hp does not know: one line, exit 2
+    (it ended with a NotFound traceback); nothing is started for it."""
+    w = world(tmp_path)
+    with caplog.at_level("ERROR"):
+        assert Agent(w.env, "nosuch").run() == 2
+    assert "cluster 'nosuch' does not exist" in caplog.text
+    assert not w.provider.containers("nosuch")
+
+
 def test_agent_started_while_the_engine_restarts_waits_for_it(tmp_path):
     """hp starts the agent as a create ends: an engine that restarts just then (no
     answer to the images' lookup) is waited for; the agent was lost before."""
