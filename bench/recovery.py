@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import statistics
@@ -146,13 +147,14 @@ def measure(name: str, runs: int) -> None:
         took, back = kill_to_retry(name)
         retries.append(took)
         busy_idle.append(back)
-        idle = f"idle in {back:.2f} s" if back == back else "not seen idle (the retried step took it first)"
+        idle = f"idle in {back:.2f} s" if not math.isnan(back) else "not seen idle (the retried step took it first)"
         print(
             f"run {i + 1}: docker kill of a node mid-step -> that node {idle}, "
             f"the retried step's first line in {took:.2f} s"
         )
         time.sleep(2)
-    seen_idle = [b for b in busy_idle if b == b] or [float("nan")]  # nan: taken back before a poll saw it idle
+    # nan: taken back before a poll saw it idle
+    seen_idle = [b for b in busy_idle if not math.isnan(b)] or [float("nan")]
     retry, held = statistics.median(retries), statistics.median(seen_idle)
     print(f"kill-to-idle of a node that held a step, median: {held:.2f} s")
     for what, base in (("an idle node's", idle_s), ("the step's node's", held)):
