@@ -3,9 +3,8 @@ action and per group, and one rollback path.
 
 The actions: network, volumes and key; the controller (with Accounting, slurmdbd and
 MariaDB in its container: its entry starts each daemon once the one it needs answers,
-services/accounting.py), started on a thread; once it started (without Accounting: at
-once), the login and compute nodes, recorded Queued and
-created through the reconciler's launch (reconciler.py: the agent's launch path) and
+services/accounting.py), started on a thread; meanwhile the login and compute nodes,
+recorded Queued and created through the reconciler's launch (reconciler.py: the agent's launch path) and
 started at once on a thread (their entry runs the lifecycle script, then waits for
 slurmctld to listen), GPU nodes and slurmrestd (Rest) the moment slurmctld
 answers `scontrol ping`; then the same reconciler's passive sync, in-process, until the
@@ -298,12 +297,11 @@ class Creating:
         Accounting slurmdbd and its MariaDB in it (its entry starts slurmdbd once MariaDB
         answers, slurmctld once slurmdbd does); slurmrestd's container made meanwhile.
 
-        With Accounting, returns once the controller's container started: node starts
-        among it slowed that chain (Docker starts a few containers at a time; the nodes
-        started with it: first srun 2.13 vs 1.68 s, plain docker-py, docs/benchmarks.md).
-        Without, returns at once: the nodes start with the controller, as the floor's do
-        (5 pairs: 4 bench.tiny workers 4.67 vs 5.32 s, the default cluster's first srun
-        2.47 vs 2.52 s)."""
+        Returns at once: the nodes start with the controller, with Accounting or without.
+        Docker starts a few containers at a time, so node starts slow the controller's
+        chain, but the nodes' own starts are the longer path (docs/benchmarks.md; with
+        Accounting, 14 pairs: create 0.05-0.08 s sooner than when the nodes waited for
+        the controller's start; without, 5 pairs: 4 bench.tiny workers 4.67 vs 5.32 s)."""
         spec = self.c.spec
         self.conf = render(spec, self.c.env.catalogue).encode()
         self.progress.stage("controller", self.c.controller_node)
@@ -314,8 +312,6 @@ class Creating:
         ex = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hp-controller")
         self.making_controller = ex.submit(self._start_controller, cid, self.images.get("fileserver"))
         ex.shutdown(wait=False)
-        if spec.accounting:
-            self.controller_started()
 
     def make_nodes(self) -> None:
         """Every login and compute node Queued and its container made, while the

@@ -296,9 +296,8 @@ def test_a_create_that_fails_while_scripts_run_rolls_back_without_waiting_for_th
     monkeypatch.setattr(lifecycle, "PAUSE_S", 0.01)
     w = world(tmp_path)
     entry(w, {}, polls_before=10**9)  # the scripts never finish
-    # the controller's start fails on its thread: without Accounting (whose daemons the
-    # nodes wait for in the controller's container) create hears of it once the nodes
-    # were made (and theirs started)
+    # the controller's start fails on its thread: create hears of it once the nodes were
+    # made (and theirs started)
     w.provider.fail_start = lambda c: EngineError("port conflict", 500) if "controller" in c.spec.name else None
     t0 = time.monotonic()
     with pytest.raises(OperationFailed, match="port conflict"):
