@@ -397,7 +397,8 @@ ACCOUNTING_MAX = 0.3
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="4,16,64", help="worker counts vs the floor ('none': skip)")
-    ap.add_argument("--repeat", type=int, default=1)
+    # 2: one run each at N = 16 gave 1.03 in one whole run and 1.19 in the next (this host drifts)
+    ap.add_argument("--repeat", type=int, default=2, help="alternated runs per size (the fastest of each)")
     ap.add_argument("--first-runs", type=int, default=3, help="default creates to the first srun (median)")
     # 9, not the 3: runs without accounting spread 0.3-0.45 s on this host, and 3 of
     # each once gave +0.04 s where two 7-run repeats just after gave +0.53 and +0.42 s
