@@ -12,8 +12,7 @@ from its log), Docker's own cost of
 starting that many containers, and the same cluster and first job with plain docker-py
 (bench/common.py first_job_floor: the machine's own limit for that target). (b) `--acct-runs`: the default cluster with and without
 accounting, alternated: what accounting adds (the median of the pairs' differences;
-target <= 0.3 s), and the time to the first
-`sacct` row. (c) `--overhead-runs`: `hp exec NAME -- true` against `docker exec`, `hp
+target <= 0.3 s), and the time to the first `sacct` row. (c) `--overhead-runs`: `hp exec NAME -- true` against `docker exec`, `hp
 version`, `hp nodes` on an idle cluster. (d) `--lifecycle N`: N workers with and without a
 10-line OnCreate script on every node (alternated), of the default type and of bench.tiny
 (`--lifecycle-types`): what the script adds beyond its own run time (target:

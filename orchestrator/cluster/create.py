@@ -4,9 +4,9 @@ action and per group, and one rollback path.
 The actions: network, volumes and key; the controller (with Accounting, slurmdbd and
 MariaDB in its container: its entry starts each daemon once the one it needs answers,
 services/accounting.py), started on a thread; meanwhile the login and compute nodes,
-recorded Queued and created through the reconciler's launch (reconciler.py: the agent's launch path) and
-started at once on a thread (their entry runs the lifecycle script, then waits for
-slurmctld to listen), GPU nodes and slurmrestd (Rest) the moment slurmctld
+recorded Queued, created through the reconciler's launch (reconciler.py: the agent's
+launch path) and started at once on a thread (their entry runs the lifecycle script,
+then waits for slurmctld to listen), GPU nodes and slurmrestd (Rest) the moment slurmctld
 answers `scontrol ping`; then the same reconciler's passive sync, in-process, until the
 nodes joined or the deadline passes. All-or-nothing: a node that cannot be provisioned
 fails the create (and rolls it back); continuous: the create returns once the login
