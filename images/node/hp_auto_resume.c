@@ -12,10 +12,11 @@
  * every node still in the job failed by itself (its exit code, a cancel of the step, a
  * time limit) and is not retried.
  *
- * The retry: the job is grown back to its size with a job that expands it (salloc
- * --dependency=expand:JOB, SchedulerParameters=permit_job_expansion), which waits for
- * healthy nodes (the one hp brought back under the same name, or any idle one) for up
- * to --auto-resume-timeout seconds (default 600); then the step is started again, with
+ * The retry: once as many nodes of the job's partition are idle as it lost (the one hp
+ * brought back under the same name, or any idle one), the job is grown back to its size
+ * with a job that expands it (salloc --dependency=expand:JOB, SchedulerParameters=
+ * permit_job_expansion), which Slurm starts at its submission or waits for healthy nodes,
+ * both within --auto-resume-timeout seconds (default 600); then the step is started again, with
  * the same arguments and HP_AUTO_RESUME_ATTEMPT=<attempt> in its environment, so that a
  * script can resume from its last checkpoint.
  *
@@ -334,6 +335,41 @@ static int saw_grant(const char *buf, void *arg)
 	return 0; /* read on to its end: salloc --no-shell exits by itself once granted */
 }
 
+/* Idle nodes of `partition` now (sinfo, one line a node), or -1. */
+static int idle_nodes(const char *partition)
+{
+	char out[OUT_MAX];
+	char *argv[] = { "sinfo", "-h", "-N", "-t", "idle", "-o", "%N", "-p", (char *) partition, NULL };
+	int n = 0;
+
+	if (run(argv, out, sizeof(out), 0, 30, NULL, NULL) != 0)
+		return -1;
+	for (char *s = out; *s; s++)
+		if (*s == '\n')
+			n++;
+	return n;
+}
+
+/* Until `count` nodes of the job's partition are idle, polled every 0.1 s, for at most
+ * limit_s. Slurm tries a new job at its submission, then only in its scheduling passes
+ * (sched_interval): a node back as a new dynamic node starts none, so a job that expands
+ * another, submitted before the node came back, waited up to 2 s more for a pass. */
+static void wait_idle(const struct job *j, int count, double limit_s)
+{
+	double end = now_s() + limit_s;
+	struct timespec pause = { 0, 100 * 1000 * 1000 };
+
+	if (!*j->partition)
+		return;
+	for (;;) {
+		int n = idle_nodes(j->partition);
+
+		if (n < 0 || n >= count || now_s() >= end)
+			return;
+		nanosleep(&pause, NULL);
+	}
+}
+
 /* Grow job `jobid` by `count` nodes (a job that expands it); 0 on success. */
 static int grow(const char *jobid, const struct job *j, int count, const char *note, char *why, size_t len)
 {
@@ -369,7 +405,13 @@ static int grow(const char *jobid, const struct job *j, int count, const char *n
 		argv[k++] = (char *) j->qos;
 	}
 	argv[k] = NULL;
-	rc = run(argv, out, sizeof(out), 1, timeout_s, saw_grant, &g);
+	{
+		double t0 = now_s(), left;
+
+		wait_idle(j, count, timeout_s < 30 ? timeout_s : 30);
+		left = timeout_s - (now_s() - t0);
+		rc = run(argv, out, sizeof(out), 1, left > 1 ? left : 1, saw_grant, &g);
+	}
 	if (rc != 0 || !strstr(out, "Granted job allocation")) {
 		if (*g.id) {
 			char *cancel[] = { "scancel", g.id, NULL };

@@ -160,6 +160,13 @@ def _fault_mid_step(lab: Lab, fault: str, tag: str) -> None:
     print(f"{fault} -> retried step's first line: {float(starts[1][2]) - t_fault:.1f} s")
     events = lab.hp("events", lab.name, check=True).stdout
     assert f"job={job} step=0 lost={node} attempt=1 of 1" in events, events
+    # the job that grew it back was submitted once the node was idle again, so Slurm gave
+    # it its node at submission, not in a later scheduling pass (NodeList=(null) there)
+    grew = re.search(rf"job={job} step=0 lost={node} attempt=1 of 1: .*\(job (\d+) grew it back\)", events)
+    assert grew, events
+    log = lab.container("controller-1").exec_run(["cat", "/var/log/slurm/slurmctld.log"]).output.decode()
+    allocs = re.findall(rf"_slurm_rpc_allocate_resources JobId={grew[1]} NodeList=(\S+)", log)
+    assert allocs == [node], allocs
 
 
 def test_a_killed_node_mid_step_is_retried_in_the_same_job_from_its_checkpoint(lab: Lab) -> None:
