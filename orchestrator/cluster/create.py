@@ -338,8 +338,8 @@ class Creating:
 
     def accounting(self) -> None:
         """With Accounting: slurmdbd started in the controller's container (slurmctld waits
-        for it there and registers the cluster at its first start)."""
-        self.controller_started()
+        for it there and registers the cluster at its first start); after the action
+        "controller started", which set self.ctl."""
         self.services.accounting_ready(self.ctl, self.deadline)
 
     def controller_ready(self) -> None:
