@@ -33,7 +33,7 @@ images: venv docker
 	$(HP) images build
 
 demo: images
-	-@$(HP) delete $(DEMO) >/dev/null 2>&1
+	@$(HP) delete $(DEMO) --missing-ok
 	$(HP) create --name $(DEMO)
 	$(HP) nodes $(DEMO)
 	$(HP) exec $(DEMO) -- srun -N4 hostname

@@ -271,12 +271,24 @@ def exec_(
     raise typer.Exit(run_exec(e, target, cmd, root, write, interactive, on_controller))
 
 
-def delete(name: str, json_out: bool = JsonOpt) -> None:
+def delete(
+    name: str,
+    missing_ok: bool = typer.Option(
+        False, "--missing-ok", help="A cluster that does not exist is no error: nothing to delete, exit 0."
+    ),
+    json_out: bool = JsonOpt,
+) -> None:
     """Drain and remove every node, container, network and volume of a cluster."""
     from ..cluster.delete import delete as do_delete
 
-    removed = do_delete(env(), name)
+    removed = do_delete(env(), name, missing_ok)
     out = Out(json_out)
+    if removed is None:  # --missing-ok, and nothing of it exists
+        if json_out:
+            out.json({"ClusterName": name, "Removed": {"containers": 0, "networks": 0, "volumes": 0}})
+        else:
+            out.info(f"no cluster {name}: nothing to delete")
+        return
     if json_out:
         out.json({"ClusterName": name, "Removed": removed})
     else:

@@ -18,15 +18,18 @@ from ..state.transitions import ClusterStatus
 from .teardown import KEPT_BY_DOCKER, other_home, remove_resources
 
 
-def delete(env: Env, name: str) -> dict[str, Any]:
+def delete(env: Env, name: str, missing_ok: bool = False) -> dict[str, Any] | None:
     """Stop the cluster's agent and health checks, drain its workers, remove everything
-    labelled for it, and forget it (its events stay a while: `hp events NAME`)."""
+    labelled for it, and forget it (its events stay a while: `hp events NAME`). A cluster
+    of which nothing exists is NotFound, or None with `missing_ok`."""
     row = env.store.cluster(name)
     p = env.provider
     p.ping()
     existing = p.containers(name)
     nets = p.networks(name) if row is None else []  # (remove_resources lists them itself)
     if row is None and not existing and not nets and not p.volumes(name):
+        if missing_ok:
+            return None
         raise NotFound(f"cluster {name!r} does not exist (see 'hp list')")
     if row is None and (owner := other_home(env, name, nets)):
         raise BadInput(

@@ -12,7 +12,7 @@ import time
 
 from orchestrator.core.agentlock import holder
 from orchestrator.docker.engine import DockerEngine as DockerProvider
-from tests.conftest import small_spec, write_spec
+from tests.conftest import ROOT, small_spec, write_spec
 
 
 def leftovers(name: str) -> tuple[list, list, list]:
@@ -235,3 +235,21 @@ def test_values_docker_would_refuse_later_are_refused_before_anything_is_made(hp
     assert name not in hp("list", "--json", check=True).stdout
     assert not (hp.home / "clusters" / name).exists()
     assert hp("describe", name).returncode != 0
+
+
+def test_make_demo_first_step_prints_no_error_on_a_fresh_machine(hp):
+    """Issue 46 item 3: `make demo` first removes an earlier demo cluster; on a machine with
+    none it said `make: [Makefile:36: demo] Error 2 (ignored)`. Its step, as make runs it,
+    against the real engine and a fresh state folder: exit 0, one line, no error; and the
+    demo's recipe ignores no failure (a `-` line would hide a real one)."""
+    name = hp.name("demo")
+    here = f"{sys.executable} -m orchestrator.cli"
+    r = subprocess.run(
+        ["make", "-s", "-n", "demo", f"DEMO={name}", f"HP={here}"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr
+    step = next(line for line in r.stdout.splitlines() if line.startswith(f"{here} delete "))
+    r = subprocess.run(["bash", "-c", step], env=hp.env, cwd=ROOT, capture_output=True, text=True)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "", f"no cluster {name}: nothing to delete\n")
+    recipe = (ROOT / "Makefile").read_text().split("\ndemo:", 1)[1].split("\n\n", 1)[0]
+    assert not [ln for ln in recipe.splitlines() if ln.startswith("\t-")], recipe

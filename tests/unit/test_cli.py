@@ -380,6 +380,15 @@ def test_delete(hp: Hp) -> None:
     assert doc == {"ClusterName": "lab2", "Removed": {"containers": 4, "networks": 1, "volumes": 3}}
     r = hp("delete", "lab")
     assert (r.code, r.err.strip()) == (2, "error: cluster 'lab' does not exist (see 'hp list')")
+    # --missing-ok (make demo's first step, a CI cleanup): no error, exit 0, nothing changed
+    r = hp("delete", "lab", "--missing-ok")
+    assert (r.code, r.out, r.err) == (0, "", "no cluster lab: nothing to delete\n")
+    doc = hp.json("delete", "delete", "lab", "--missing-ok")
+    assert doc == {"ClusterName": "lab", "Removed": {"containers": 0, "networks": 0, "volumes": 0}}
+    make(hp, "lab3")
+    r = hp("delete", "lab3", "--missing-ok")  # one that exists is deleted as without it
+    assert r.code == 0 and r.err.strip() == "deleted cluster lab3: 4 containers, 1 networks, 3 volumes"
+    assert hp.w.provider.containers("lab3") == [] and hp.w.env.store.cluster("lab3") is None
 
 
 def test_version(hp: Hp, monkeypatch: pytest.MonkeyPatch) -> None:
