@@ -393,12 +393,14 @@ FIRST_JOB_MAX = 3.5
 ACCOUNTING_MAX = 0.3
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--sizes", default="4,16,64", help="worker counts vs the floor ('none': skip)")
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """The options, checked: every problem named in one message (exit 2, nothing run). A
+    part asked for runs at least once (a median of nothing is no figure); 0 skips it."""
+    ap = argparse.ArgumentParser(description="hp create against floors, the first job, hp's cost per command")
+    ap.add_argument("--sizes", default="4,16,64", help="worker counts vs the floor, comma-separated ('none': skip)")
     # 2: one run each at N = 16 gave 1.03 in one whole run and 1.19 in the next (this host drifts)
-    ap.add_argument("--repeat", type=int, default=2, help="alternated runs per size (the fastest of each)")
-    ap.add_argument("--first-runs", type=int, default=3, help="default creates to the first srun (median)")
+    ap.add_argument("--repeat", type=int, default=2, help="alternated runs per size, at least 1 (the fastest of each)")
+    ap.add_argument("--first-runs", type=int, default=3, help="default creates to the first srun (median; 0: skip)")
     # 9, not the issue's 3: runs without accounting spread 0.3-0.45 s on this host, and 3 of
     # each once gave +0.04 s where two 7-run repeats just after gave +0.53 and +0.42 s
     ap.add_argument("--acct-runs", type=int, default=9, help="create runs with and without accounting (0: skip)")
@@ -406,30 +408,69 @@ def main() -> None:
         "--overhead-runs", type=int, default=7, help="paired runs of hp exec, hp version, hp nodes (0: skip)"
     )
     ap.add_argument("--lifecycle", type=int, default=0, help="workers of the OnCreate-script run (0: skip)")
-    ap.add_argument("--lifecycle-runs", type=int, default=3)
+    ap.add_argument("--lifecycle-runs", type=int, default=3, help="alternated runs of that run, at least 1")
     ap.add_argument(
         "--lifecycle-types",
         default=",".join(LIFECYCLE_TYPES),
         help="the nodes' instance types in that run, comma-separated (default: %(default)s)",
     )
     benchdocs.add_option(ap)
-    a = ap.parse_args()
-    if a.lifecycle:
+    a = ap.parse_args(argv)
+    problems = [
+        f"--{k.replace('_', '-')} must be 0 or more, got {v}"
+        for k, v in vars(a).items()
+        if k in ("first_runs", "acct_runs", "overhead_runs", "lifecycle") and v < 0
+    ]
+    problems += [f"--{k} must be 1 or more, got {v}" for k, v in (("repeat", a.repeat),) if v < 1]
+    if a.lifecycle and a.lifecycle_runs < 1:
+        problems.append(f"--lifecycle-runs must be 1 or more, got {a.lifecycle_runs}")
+    if a.sizes == "none":
+        a.sizes = []
+    else:
+        words = a.sizes.split(",")
+        if not all(w.isdigit() and int(w) > 0 for w in words):
+            problems.append(f"--sizes must be positive worker counts, comma-separated, or 'none', got {a.sizes!r}")
+        a.sizes = [int(w) for w in words if w.isdigit()]
+    a.lifecycle_types = [t for t in a.lifecycle_types.split(",") if t]
+    if a.lifecycle and not a.lifecycle_types:
+        problems.append("--lifecycle-types names no instance type")
+    if problems:
+        ap.error("; ".join(problems))
+    return a
+
+
+def parts(a: argparse.Namespace) -> list[str]:
+    """The sections of docs/benchmarks.md this run measures, in the order it runs them."""
+    asked = {
+        "create-lifecycle": a.lifecycle > 0,
+        "create": bool(a.sizes) or a.first_runs > 0,
+        "create-accounting": a.acct_runs > 0,
+        "create-overhead": a.overhead_runs > 0,
+    }
+    return [k for k, on in asked.items() if on]
+
+
+def main() -> None:
+    a = parse()
+    todo = parts(a)
+    if "create-lifecycle" in todo:
         with benchdocs.section("create-lifecycle", a.write_docs):
-            for itype in a.lifecycle_types.split(","):
+            for itype in a.lifecycle_types:
                 lifecycle_cost(a.lifecycle, a.lifecycle_runs, itype)
-    if a.sizes != "none":
+    if "create" in todo:
         with benchdocs.section("create", a.write_docs):
-            sizes_vs_floor([int(x) for x in a.sizes.split(",")], a.repeat)
-            first_job(a.first_runs)
-    if a.acct_runs:
+            if a.sizes:
+                sizes_vs_floor(a.sizes, a.repeat)
+            if a.first_runs:
+                first_job(a.first_runs)
+    if "create-accounting" in todo:
         with benchdocs.section("create-accounting", a.write_docs):
             accounting_cost(a.acct_runs)
-    if a.overhead_runs:
+    if "create-overhead" in todo:
         with benchdocs.section("create-overhead", a.write_docs):
             overhead(a.overhead_runs)
     if TARGETS:  # the section holds a whole run's targets: a run of one part only prints its own
-        whole = a.sizes != "none" and a.acct_runs and a.overhead_runs
+        whole = bool(a.sizes) and a.first_runs and a.acct_runs and a.overhead_runs
         with benchdocs.section("create-targets", a.write_docs and bool(whole)):
             print_targets()
 
