@@ -29,6 +29,7 @@ from common import bench_env, floor, hp, write_json
 
 from orchestrator.docker.engine import DockerEngine as DockerProvider  # noqa: E402
 from orchestrator.docker.images import NODE_IMAGES, Images, mirror  # noqa: E402
+from orchestrator.releases import DEFAULT  # noqa: E402
 
 JOB = "#!/bin/bash\nsrun hostname | sort\n"
 ITYPE = "cpu.small"
@@ -105,7 +106,7 @@ def cold(n: int) -> dict[str, float]:
         def build() -> None:
             for d in NODE_IMAGES:  # --no-cache for the first; the others share its stages, as in hp's build
                 for chunk in p.api.build(
-                    path=str(Images(p).context(d)),
+                    path=str(Images(p, DEFAULT).context(d)),
                     tag=refs[d.name],
                     target=d.target,
                     buildargs={"BASE": base},

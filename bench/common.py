@@ -30,6 +30,7 @@ from orchestrator.docker.provider import FileMap  # noqa: E402
 from orchestrator.docker.views import ContainerSpec  # noqa: E402
 from orchestrator.errors import EngineError  # noqa: E402
 from orchestrator.naming import node_name  # noqa: E402
+from orchestrator.releases import DEFAULT  # noqa: E402
 from orchestrator.services.accounting import init_sql  # noqa: E402
 from orchestrator.slurm.client import SlurmCli as Slurm  # noqa: E402
 from orchestrator.slurm.conf import controller_node, render, slurmd_conf, slurmdbd_conf  # noqa: E402
@@ -105,7 +106,7 @@ def floor(n: int, itype: str = "bench.tiny") -> float:
         cat = load_catalogue(tf)
         name = f"floor{secrets.token_hex(3)}"
         spec = validate(spec_doc(name, n, itype), cat)
-        imgs = Images(p).refs()
+        imgs = Images(p, DEFAULT).refs()
         conf = render(spec, cat).encode()
         key = secrets.token_bytes(64)
         t = cat[itype]
@@ -200,7 +201,7 @@ def first_job_floor() -> float:
     name = f"floorjob{secrets.token_hex(3)}"
     spec = validate({**DEFAULT_SPEC, "ClusterName": name}, cat)
     assert spec.accounting, "the default cluster has accounting on"
-    imgs = Images(p).refs(image_sets.NODE_IMAGES)
+    imgs = Images(p, DEFAULT).refs(image_sets.NODE_IMAGES)
     conf = render(spec, cat).encode()
     key, password = secrets.token_bytes(64), secrets.token_hex(16)
     net = f"floor-{name}"
@@ -281,7 +282,7 @@ def start_floor(n: int) -> float:
     network, all at once on threads, each only sleeping: Docker's own cost of the
     containers a create starts (with no daemon booting in them, and no waits)."""
     p = DockerProvider()
-    image = Images(p).refs()["worker"]
+    image = Images(p, DEFAULT).refs()["worker"]
     net = f"floor-start{secrets.token_hex(3)}"
     t0 = time.monotonic()
     with bench_network(p, net) as ids:

@@ -32,6 +32,7 @@ from common import bench_env, hp, spec_doc, timestamp, write_json
 from orchestrator.docker.engine import DockerEngine as DockerProvider
 from orchestrator.docker.images import CHECK_IMAGES, Images
 from orchestrator.health.tools.stress import StressOptions, stress_command
+from orchestrator.releases import DEFAULT
 
 SECONDS = 5
 N = 8
@@ -42,7 +43,7 @@ TINY_MIB = 128
 def plain_floor(n: int) -> float:
     """Seconds for n plain containers (check image, bench.tiny limits) to run hp's
     stress-ng command at once and exit: what the checks cost without hp."""
-    image = Images(DockerProvider()).refs(CHECK_IMAGES)["check-cpu"]
+    image = Images(DockerProvider(), DEFAULT).refs(CHECK_IMAGES)["check-cpu"]
     cmd = stress_command(StressOptions(seconds=SECONDS), TINY_CPUS)
     client = docker.from_env()
 

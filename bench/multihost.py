@@ -115,8 +115,9 @@ def floor(harness: Harness, hosts: list[Any], n: int, runs: int) -> dict[str, An
 
     from orchestrator.docker.engine import DockerEngine
     from orchestrator.docker.images import Images
+    from orchestrator.releases import DEFAULT
 
-    image = Images(DockerEngine()).refs()["worker"]  # what the clusters above ran (on every host now)
+    image = Images(DockerEngine(), DEFAULT).refs()["worker"]  # what the clusters above ran (on every host now)
     apis = [docker.APIClient(base_url=h.url, version="auto") for h in hosts]
 
     def run(a: Any, name: str, net: str) -> tuple[Any, str]:

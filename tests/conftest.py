@@ -25,6 +25,18 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
+# The Slurm release the end-to-end tests' clusters run: `HP_TEST_SLURM=26.05 make e2e` runs
+# them on 26.05 (every `hp create` gets --slurm, unless the test gives one); unset: hp's default.
+TEST_SLURM = os.environ.get("HP_TEST_SLURM", "")
+
+
+def slurm_release() -> Any:
+    """The release the tests' clusters run (a SlurmRelease; HP_TEST_SLURM, checked)."""
+    from orchestrator.releases import DEFAULT, SlurmRelease, problem
+
+    if TEST_SLURM and (bad := problem(TEST_SLURM, "HP_TEST_SLURM")):
+        raise pytest.UsageError(bad)
+    return SlurmRelease(TEST_SLURM) if TEST_SLURM else DEFAULT
 
 
 def docker_available() -> bool:
@@ -88,6 +100,8 @@ class Hp:
     def __call__(
         self, *args: str, check: bool = False, timeout: float = 600, input: str | None = None
     ) -> subprocess.CompletedProcess[str]:
+        if TEST_SLURM and args[:1] == ("create",) and "--slurm" not in args:
+            args = (*args, "--slurm", TEST_SLURM)
         r = subprocess.run(
             [sys.executable, "-m", "orchestrator.cli", *args],
             env=self.env,

@@ -49,6 +49,7 @@ from orchestrator.docker.views import (
 )
 from orchestrator.errors import EngineError, EngineUnavailable, ObjectMissing, OperationFailed
 from orchestrator.naming import L_CLUSTER, L_MANAGED
+from orchestrator.releases import DEFAULT
 from orchestrator.slurm.model import AccountingPing, AcctJob, AutoResumeRetry, JobInfo, SlurmNode
 from orchestrator.state.store import Store
 
@@ -732,7 +733,7 @@ def world(tmp_path: Path, cpus: int = 8, memory_mib: int = 16384, build: bool = 
     env = Env(provider=p, store=Store(home), slurm_factory=lambda prov, ctl: slurm, agents=agents)
     p.images["debian:trixie-slim"] = "sha256:base"
     if build:
-        env.images.build(log=lambda s: None)
+        env.images(DEFAULT).build(log=lambda s: None)
     return World(env, p, slurm, agents, home)
 
 
@@ -779,10 +780,10 @@ def multi_world(tmp_path: Path, hosts: int = 3, cpus: int = 8, memory_mib: int =
     agents = FakeAgents()
     home = tmp_path / "hphome"
     env = Env(provider=mp, store=Store(home), slurm_factory=lambda prov, ctl: slurm, agents=agents)
-    env.images.build(log=lambda s: None)
+    env.images(DEFAULT).build(log=lambda s: None)
     from orchestrator.docker.images import MULTIHOST_IMAGES
 
-    env.images.build(MULTIHOST_IMAGES, log=lambda s: None)
+    env.images(DEFAULT).build(MULTIHOST_IMAGES, log=lambda s: None)
     return MultiWorld(env, mp, engines, source, slurm, agents, home)
 
 

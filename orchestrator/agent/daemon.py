@@ -140,7 +140,7 @@ class Agent:
         agent starts (hp starts it as a create ends). None when stopped first."""
         while not self.stop.is_set():
             try:
-                return self.env.images.refs(self.env.node_image_defs())
+                return Cluster(self.env, self.name).images.refs(self.env.node_image_defs())
             except TRANSIENT as e:
                 log.warning("the node images cannot be read yet: %s", e)
                 self._sleep(1)

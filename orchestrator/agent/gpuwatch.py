@@ -163,8 +163,8 @@ class GpuWatch:
     def _start_monitor(self, node: Container) -> Container | None:
         c, p = self.cluster, self.cluster.p
         n = node.node or ""
-        image = c.env.images.refs(GPU_IMAGES)["check-gpu"]
-        if not c.env.images.exists(image):
+        image = c.images.refs(GPU_IMAGES)["check-gpu"]
+        if not c.images.exists(image):
             self._event_once(
                 f"image:{image}",
                 "Warning",

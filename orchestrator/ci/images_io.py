@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from ..core.context import Env
-from ..docker.images import ALL_IMAGES, CHECK_IMAGES, LOCAL_BASE, NODE_IMAGES, PULL_BASE, context_hash, packages_hash
+from ..docker.images import ALL_IMAGES, CHECK_IMAGES, NODE_IMAGES, context_hash, packages_hash
 from ..errors import BadInput, EngineError, OperationFailed
+from ..releases import BEFORE_CHOICE, RELEASES, SlurmRelease, problem
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = 1
@@ -19,49 +20,53 @@ Log = Callable[[str], None]
 
 
 # -- images as files ---------------------------------------------------------------------
-def images_key(env: Env, packages: tuple[str, ...] = ()) -> str:
-    """Hash of every image's inputs (build contexts, targets, base recipe; a spec's
-    NodePackages), computable on a fresh runner before any image exists: the
-    actions/cache key. (The image tags themselves also hash the base image's id, which
-    only exists once it is made.)"""
-    h = hashlib.sha256(f"hp-images/{MANIFEST_FORMAT}\0{PULL_BASE}\0{LOCAL_BASE}\0".encode())
+def images_key(env: Env, release: SlurmRelease, packages: tuple[str, ...] = ()) -> str:
+    """Hash of one Slurm release's images' inputs (the release and its base recipe, build
+    contexts, targets; a spec's NodePackages), computable on a fresh runner before any image
+    exists: the actions/cache key, which starts with the release (`26.05-...`). (The image
+    tags themselves also hash the base image's id, which only exists once it is made.)"""
+    rel = RELEASES[release]
+    h = hashlib.sha256(f"hp-images/{MANIFEST_FORMAT}\0{rel}\0".encode())
     for d in ALL_IMAGES:
         h.update(f"{d.name}\0{d.target or ''}\0".encode())
-        h.update(context_hash(env.images.context(d)).encode())
+        h.update(context_hash(env.images(release).context(d)).encode())
     if packages:  # without: the key hp had before NodePackages existed
         h.update(f"NodePackages\0{packages_hash(packages)}\0".encode())
-    return h.hexdigest()[:24]
+    return f"{release}-{h.hexdigest()[:24]}"
 
 
-def _present_refs(env: Env, packages: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+def _present_refs(env: Env, release: SlurmRelease, packages: tuple[str, ...] = ()) -> list[tuple[str, str]]:
     """(logical name, reference) of what save stores: base, node images (with NodePackages,
     the derived login and compute images too), check images if built."""
-    base_ref, base_id = env.images.base(make=False)
+    images = env.images(release)
+    base_ref, base_id = images.base(make=False)
     out = [("base", base_ref)]
     for d in NODE_IMAGES:
-        ref = env.images.tag(d, base_id)
-        if not env.images.exists(ref):
-            raise OperationFailed(f"image {ref} is not built: run 'hp images build' first")
+        ref = images.tag(d, base_id)
+        if not images.exists(ref):
+            raise OperationFailed(f"image {ref} is not built: run 'hp images build --slurm {release}' first")
         out.append((d.name, ref))
     base_refs = dict(out)
-    for name, ref in env.images.with_packages(base_refs, packages).items():
+    for name, ref in images.with_packages(base_refs, packages).items():
         if ref != base_refs[name]:
-            if not env.images.exists(ref):
+            if not images.exists(ref):
                 raise OperationFailed(f"image {ref} (NodePackages) is not built: run 'hp images build -f SPEC' first")
             out.append((f"{name}-pkgs", ref))
     for d in CHECK_IMAGES:
-        ref = env.images.tag(d, base_id)
-        if env.images.exists(ref):
+        ref = images.tag(d, base_id)
+        if images.exists(ref):
             out.append((d.name, ref))
     return out
 
 
-def save_images(env: Env, directory: Path, log: Log = lambda s: None, packages: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Write the images into one tar (layers shared by the images stored once) and a
-    manifest with each image's id and the tar's sha256, under `directory`."""
+def save_images(
+    env: Env, release: SlurmRelease, directory: Path, log: Log = lambda s: None, packages: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """Write one release's images into one tar (layers shared by the images stored once) and
+    a manifest with the release, each image's id and the tar's sha256, under `directory`."""
     env.provider.ping()
-    refs = _present_refs(env, packages)
-    key = images_key(env, packages)
+    refs = _present_refs(env, release, packages)
+    key = images_key(env, release, packages)
     directory.mkdir(parents=True, exist_ok=True)
     fname = f"hp-images-{key}.tar"
     tmp = directory / (fname + ".part")
@@ -78,6 +83,7 @@ def save_images(env: Env, directory: Path, log: Log = lambda s: None, packages: 
             old.unlink()
     doc = {
         "Format": MANIFEST_FORMAT,
+        "Slurm": release.value,
         "Key": key,
         "File": fname,
         "Sha256": h.hexdigest(),
@@ -112,6 +118,8 @@ def read_manifest(directory: Path) -> dict[str, Any]:
             problems.append(f"{mpath}: {k} is missing or not a {t.__name__}")
     if isinstance(doc.get("File"), str) and ("/" in doc["File"] or not (directory / doc["File"]).is_file()):
         problems.append(f"image file {directory / str(doc['File'])} is missing")
+    if "Slurm" in doc and (bad := problem(doc["Slurm"], f"{mpath}: Slurm")):
+        problems.append(bad)
     if problems:
         raise BadInput(problems, "cannot load images")
     return doc
@@ -152,7 +160,8 @@ def load_images(
     wrong = [i["Ref"] for i in doc["Images"] if env.provider.image_id(i["Ref"]) != i["Id"]]
     if wrong:
         raise OperationFailed(f"after loading {path}, these images are missing or differ: {', '.join(wrong)}")
-    key = images_key(env, packages)
+    release = SlurmRelease(doc["Slurm"]) if "Slurm" in doc else BEFORE_CHOICE  # saved before hp had a choice
+    key = images_key(env, release, packages)
     if doc["Key"] != key:
         log(
             f"note: these images were saved for inputs {doc['Key']}, the inputs now hash to {key}: "
@@ -160,6 +169,7 @@ def load_images(
         )
     return {
         "Directory": str(directory),
+        "Slurm": release.value,
         "Key": doc["Key"],
         "KeyMatches": doc["Key"] == key,
         "Loaded": bool(missing or force),

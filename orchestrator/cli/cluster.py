@@ -10,7 +10,7 @@ from typing import Any, Optional
 import typer
 
 from ..errors import BadInput
-from .common import CliProgress, JsonOpt, env
+from .common import CliProgress, JsonOpt, SlurmOpt, env
 from .output import Out
 
 
@@ -43,6 +43,7 @@ def create(
         help="SRC[:TARGET]: bind-mount the host folder SRC (absolute) into every login and compute node at TARGET "
         "(default: the same path); repeatable, added to the spec's Mounts.",
     ),
+    slurm: Optional[str] = SlurmOpt,
     json_out: bool = JsonOpt,
 ) -> None:
     """Create a cluster: controller first, then login and compute groups in parallel."""
@@ -71,6 +72,7 @@ def create(
         accounting=accounting,
         rest=rest,
         mounts=mount,
+        slurm=slurm,
         base=base,
     )
     if dry_run:  # what hp would create; no state is made, and no engine is needed
@@ -179,6 +181,7 @@ def describe(name: str, json_out: bool = JsonOpt) -> None:
         out.json(doc)
         return
     print_groups(out, doc)
+    print(f"slurm: {doc['SlurmVersion']} ({doc.get('SlurmPackageVersion') or 'package version unknown'})")
     print_services(doc)
     print(f"agent: {'restarted' if agent['Restarted'] else 'alive'} (pid {agent['Pid']})")
 
@@ -326,11 +329,15 @@ def version(
     print(f"hp {doc['hp']} (Python {doc['python']})")
     if not images:
         return
-    print(f"Slurm {doc['slurm'] or 'unknown (images not built)'}")
-    for k, v in (doc.get("images") or {}).items():
-        print(f"image {k}: {v}")
-    if doc.get("note"):
-        print(f"note: {doc['note']}")
+    from ..releases import DEFAULT
+
+    for release, one in doc["releases"].items():
+        default = " (the default)" if release == DEFAULT else ""
+        print(f"Slurm {release}{default}: {one['slurm'] or 'unknown (images not built)'}")
+        for k, v in (one.get("images") or {}).items():
+            print(f"  image {k}: {v}")
+        if one.get("note"):
+            print(f"  note: {one['note']}")
 
 
 COMMANDS = (

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from ..releases import DEFAULT, names
 from .output import Out
 
 if TYPE_CHECKING:
@@ -14,6 +15,9 @@ if TYPE_CHECKING:
 
 EXIT_CODES = "Exit codes: 0 success, 1 operation failed, 2 bad input, 3 timeout waiting."
 JsonOpt = typer.Option(False, "--json", help="Machine-readable JSON on stdout.")
+# The Slurm release (orchestrator/releases.py), checked by hp (releases.problem), not typer: a
+# bad one is named with the command's other problems
+SlurmOpt = typer.Option(None, "--slurm", metavar="RELEASE", help=f"Slurm release: {names()} (default {DEFAULT}).")
 
 
 def env() -> Env:

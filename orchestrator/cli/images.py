@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from .common import JsonOpt, env, sub_app
+from ..errors import BadInput
+from .common import JsonOpt, SlurmOpt, env, sub_app
 from .output import Out
+
+if TYPE_CHECKING:
+    from ..releases import SlurmRelease
 
 images_app = sub_app("Build, list, save and load hp's images.")
 SpecOpt = typer.Option(
@@ -16,12 +20,29 @@ SpecOpt = typer.Option(
 )
 
 
-def spec_packages(spec_file: Optional[Path]) -> tuple[str, ...]:
-    """The NodePackages of a spec file (checked), or none."""
+def spec_inputs(spec_file: Optional[Path], slurm: Optional[str]) -> tuple[tuple[str, ...], SlurmRelease]:
+    """The NodePackages of a spec file (checked), or none, and the Slurm release: --slurm,
+    else the spec's SlurmVersion, else the default. Every problem named at once."""
+    from ..releases import DEFAULT, SlurmRelease, problem
     from ..spec.loader import load_spec_file
     from ..spec.userwork import packages_of
 
-    return packages_of(load_spec_file(spec_file)) if spec_file else ()
+    raw = load_spec_file(spec_file) if spec_file else {}
+    problems: list[str] = []
+    try:
+        packages = packages_of(raw)
+    except BadInput as e:
+        problems, packages = list(e.problems), ()
+    given, where = (
+        (slurm, "--slurm")
+        if slurm is not None
+        else (raw.get("SlurmVersion") if isinstance(raw, dict) else None, "SlurmVersion")
+    )
+    if given is not None and (bad := problem(given, where)):
+        problems.append(bad)
+    if problems:
+        raise BadInput(problems, "invalid cluster spec" if spec_file else "invalid option")
+    return packages, (SlurmRelease(given) if given is not None else DEFAULT)
 
 
 @images_app.command("build")
@@ -32,19 +53,21 @@ def build(
         help="Also the GPU check image (~2.2 GB from PyPI; made by 'hp create' when a cluster has GPUs).",
     ),
     spec_file: Optional[Path] = SpecOpt,
+    slurm: Optional[str] = SlurmOpt,
     json_out: bool = JsonOpt,
 ) -> None:
-    """Build the node and check images (nothing is rebuilt when nothing changed)."""
+    """Build one Slurm release's node and check images (nothing is rebuilt when nothing changed)."""
     from ..docker.images import ALL_IMAGES, GPU_IMAGES, MULTIHOST_IMAGES
 
-    packages = spec_packages(spec_file)
+    packages, release = spec_inputs(spec_file, slurm)
     e = env()
     getattr(e.provider, "source", e.provider).ping()  # images live on the local engine
     out = Out(json_out)
-    refs = e.images.build(
+    images = e.images(release)
+    refs = images.build(
         ALL_IMAGES + (MULTIHOST_IMAGES if e.multihost else ()) + (GPU_IMAGES if gpu else ()), log=out.info
     )
-    derived = e.images.build_packages(refs, packages, log=out.info)
+    derived = images.build_packages(refs, packages, log=out.info)
     refs.update({f"{n}-pkgs": r for n, r in derived.items() if r != refs[n]})
     if json_out:
         out.json({"Images": refs})
@@ -54,31 +77,35 @@ def build(
 
 @images_app.command("list")
 def list_(json_out: bool = JsonOpt) -> None:
-    """Show hp's images, the tag their inputs hash to now, and whether it is built."""
+    """Show hp's images of every Slurm release, the tag their inputs hash to now, and whether it is built."""
     e = env()
     getattr(e.provider, "source", e.provider).ping()  # images live on the local engine
     from ..docker.images import MULTIHOST_IMAGES
+    from ..releases import SlurmRelease
 
-    rows = e.images.status(MULTIHOST_IMAGES if e.multihost else ())
+    rows = [r for rel in SlurmRelease for r in e.images(rel).status(MULTIHOST_IMAGES if e.multihost else ())]
     out = Out(json_out)
     if json_out:
         out.json({"Images": rows})
     else:
-        out.table(None, ["IMAGE", "TAG", "PRESENT"], [[r["Image"], r["Tag"], r["Present"]] for r in rows])
+        out.table(
+            None, ["IMAGE", "SLURM", "TAG", "PRESENT"], [[r["Image"], r["Slurm"], r["Tag"], r["Present"]] for r in rows]
+        )
 
 
 @images_app.command("save")
 def save(
     directory: Path = typer.Argument(..., help="Folder to write the images and manifest into."),
     spec_file: Optional[Path] = SpecOpt,
+    slurm: Optional[str] = SlurmOpt,
     json_out: bool = JsonOpt,
 ) -> None:
-    """Save hp's images (base, node, check) as one tar plus a manifest, e.g. for a CI cache."""
+    """Save one Slurm release's images (base, node, check) as one tar plus a manifest, e.g. for a CI cache."""
     from ..ci.images_io import save_images
 
-    packages = spec_packages(spec_file)
+    packages, release = spec_inputs(spec_file, slurm)
     out = Out(json_out)
-    doc = save_images(env(), directory, log=out.info, packages=packages)
+    doc = save_images(env(), release, directory, log=out.info, packages=packages)
     if json_out:
         out.json(doc)
     else:
@@ -95,7 +122,7 @@ def load(
     """Load images saved by 'hp images save', after checking the file against its manifest."""
     from ..ci.images_io import load_images
 
-    packages = spec_packages(spec_file)
+    packages, _ = spec_inputs(spec_file, None)  # the release is the saved images' (their manifest)
     out = Out(json_out)
     doc = load_images(env(), directory, log=out.info, force=force, packages=packages)
     if json_out:
@@ -105,11 +132,12 @@ def load(
 
 
 @images_app.command("key")
-def key(spec_file: Optional[Path] = SpecOpt, json_out: bool = JsonOpt) -> None:
-    """Print the hash of every image's inputs (a cache key; needs no Docker)."""
+def key(spec_file: Optional[Path] = SpecOpt, slurm: Optional[str] = SlurmOpt, json_out: bool = JsonOpt) -> None:
+    """Print the hash of one Slurm release's images' inputs (a cache key; needs no Docker)."""
     from ..ci.images_io import images_key
 
-    k = images_key(env(), spec_packages(spec_file))
+    packages, release = spec_inputs(spec_file, slurm)
+    k = images_key(env(), release, packages)
     if json_out:
         Out(True).json({"Key": k})
     else:

@@ -171,13 +171,15 @@ def create(env: Env, spec: ClusterSpec, opts: CreateOptions, progress: Progress 
         if problems := host_problems(env, lambda s: progress.stage("hosts", s)):
             raise BadInput(problems, "cannot create")
     progress.stage("images", "checking node images")
-    images = env.images.build(image_defs(spec, env.catalogue, env.multihost), log=lambda s: progress.stage("images", s))
+    images = env.images(spec.release).build(
+        image_defs(spec, env.catalogue, env.multihost), log=lambda s: progress.stage("images", s)
+    )
     # NodePackages: the login and compute images derived from hp's (the Launcher runs them)
-    derived = env.images.build_packages(images, spec.packages, log=lambda s: progress.stage("images", s))
+    derived = env.images(spec.release).build_packages(images, spec.packages, log=lambda s: progress.stage("images", s))
     if env.multihost:
         progress.stage("images", "on every host")
         # with the base image's tag (its layers travel anyway): GPU discovery probes in it
-        refs = sorted(set(images.values()) | set(derived.values()) | {env.images.base(make=False)[0]})
+        refs = sorted(set(images.values()) | set(derived.values()) | {env.images(spec.release).base(make=False)[0]})
         env.provider.prepare_images(refs, lambda s: progress.stage("images", s))
     mode = "continuous" if spec.continuous else "all-or-nothing"
     if not env.store.add_cluster(

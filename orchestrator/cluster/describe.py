@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.context import Cluster, Env
+from ..errors import TRANSIENT
 from ..services.accounting import health
 from ..services.ports import url
 from ..slurm.model import SlurmNode
@@ -42,10 +43,21 @@ def describe(
         "NodeProvisioningMode": spec.NodeProvisioningMode or "AllOrNothing",
         "ControllerReachable": up,
         "SlurmControllerHost": cluster.controller_node,
+        "SlurmVersion": spec.release.value,
         "InstanceGroups": group_views(spec, nodes, active_ops(env, name)),
-        **(services_view(cluster) if services else {}),
+        **({"SlurmPackageVersion": package_version(cluster), **services_view(cluster)} if services else {}),
         **unreachable_view(env),
     }
+
+
+def package_version(cluster: Cluster) -> str | None:
+    """Debian's exact Slurm package version (`26.05.5-1`) in the image the controller runs;
+    None without a controller container or when the engine does not answer."""
+    ctl = cluster.controller_of(cluster.node_containers())
+    try:
+        return cluster.env.slurm_version(ctl.image) if ctl is not None else None
+    except TRANSIENT:
+        return None
 
 
 def services_view(cluster: Cluster) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from ..docker.images import MULTIHOST_IMAGES
 from ..docker.views import ContainerSpec
 from ..errors import EngineError, EngineUnavailable, OperationFailed
 from ..naming import L_HOST, fileserver_name, labels, network_name, shared_volume
+from ..releases import DEFAULT
 from ..spec.model import ClusterSpec
 from . import hostprobe
 from .context import Cluster, Env, parallel
@@ -36,7 +37,7 @@ def host_problems(env: Env, log: Callable[[str], None]) -> list[str]:
     down = p.unreachable()
     out = {r.name for r in env.store.hosts() if r.opt("draining") or r.opt("fenced")}
     hosts = [h for h in p.engines() if h not in down and h not in out]
-    ref = env.images.base(make=False)[0]  # on the hosts since hp hosts add (else brought now)
+    ref = env.images(DEFAULT).base(make=False)[0]  # on the hosts since hp hosts add (else brought now)
 
     def one(h: str) -> list[str]:
         try:
@@ -123,7 +124,7 @@ def ensure_fileserver(cluster: Cluster, image: str | None = None) -> str | None:
             p.start(here.id)
         return here.id
     if image is None:
-        image = cluster.env.images.refs(MULTIHOST_IMAGES)["fileserver"]
+        image = cluster.images.refs(MULTIHOST_IMAGES)["fileserver"]
     try:
         cid = p.create_container(fileserver_spec(cluster, image, host))
     except EngineError as e:

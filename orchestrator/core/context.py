@@ -16,7 +16,7 @@ import secrets
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeVar
@@ -25,6 +25,7 @@ from ..docker.provider import Provider
 from ..docker.views import Container
 from ..errors import TRANSIENT, BadInput, NotFound
 from ..naming import container_name
+from ..releases import SlurmRelease
 from ..slurm.client import Slurm
 from ..state.phases import Phase
 from ..state.store import Latest, Store
@@ -65,6 +66,7 @@ class Env:
     slurm_factory: Callable[[Provider, str], Slurm]
     agents: Agents
     catalogue_file: str | None = None
+    _images: dict[SlurmRelease, Images] = field(default_factory=dict, repr=False)
 
     @cached_property
     def catalogue(self) -> Catalogue:
@@ -109,11 +111,29 @@ class Env:
         engine = engines.get(host) or next(iter(engines.values()))
         return inventory.discover(engine, self.store, refresh=refresh)
 
-    @cached_property
-    def images(self) -> Images:
-        from ..docker.images import Images
+    def images(self, release: SlurmRelease) -> Images:
+        """One Slurm release's images (docker/images.py), made once per process."""
+        if release not in self._images:
+            from ..docker.images import Images
 
-        return Images(self.provider)
+            self._images[release] = Images(self.provider, release)
+        return self._images[release]
+
+    def slurm_version(self, ref: str) -> str | None:
+        """Slurm's exact version in an image (docker/images.py), remembered per image id in
+        the store: images are immutable. None when the image is absent or has no slurmd."""
+        from ..docker.images import slurm_version
+
+        image_id = self.provider.image_id(ref)
+        if image_id is None:
+            return None
+        kv = f"slurm-version:{image_id}"
+        if (known := self.store.get(kv)) is not None:
+            return known
+        version = slurm_version(self.provider, ref)
+        if version:
+            self.store.put(kv, version)
+        return version
 
     def cluster(self, name: str) -> Cluster:
         """An existing cluster (NotFound, exit 2, when there is none of that name)."""
@@ -157,6 +177,11 @@ class Cluster:
         from ..spec.model import validate
 
         return validate(raw, self.env.catalogue, existing=True)
+
+    @property
+    def images(self) -> Images:
+        """The images of the cluster's Slurm release."""
+        return self.env.images(self.spec.release)
 
     @property
     def controller_node(self) -> str:

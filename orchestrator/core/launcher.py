@@ -70,7 +70,7 @@ class Launcher:
     def __init__(self, cluster: Cluster, images: dict[str, str]):
         self.c = cluster
         # hp's images; with NodePackages, login and compute nodes run the derived ones
-        self.images = cluster.env.images.with_packages(images, cluster.spec.packages)
+        self.images = cluster.images.with_packages(images, cluster.spec.packages)
         self._gpu_cids: set[str] = set()  # created GPU nodes: started only once gres.conf is in force
         self._oncreate: dict[str, tuple[InstanceGroup, str]] = {}  # created nodes with a lifecycle script
 

@@ -2,9 +2,10 @@
 
 The build contexts are the checkout's images/ and healthchecks/ folders, which a wheel
 carries inside the package (resources.py), so hp installed anywhere builds the same images. A second build with nothing changed inspects
-the tags and builds nothing. The base is `debian:trixie-slim` when it is present or can
-be pulled; else it is made locally with debootstrap and imported (no registry needed,
-only a Debian mirror).
+the tags and builds nothing. Each Slurm release has its own set of images (`Images` is one
+release's), on a base of the Debian suite that carries it (releases.py): `debian:<suite>-slim`
+when it is present or can be pulled; else it is made locally with debootstrap and imported
+(no registry needed, only a Debian mirror). A tag says its release: `hp-worker:26.05-<hash>`.
 """
 
 from __future__ import annotations
@@ -21,11 +22,11 @@ from pathlib import Path
 
 from .. import resources
 from ..errors import EngineError, ObjectMissing, OperationFailed
+from ..releases import DEFAULT, RELEASES, SlurmRelease
 from .provider import Provider
 
-PULL_BASE = ("debian", "trixie-slim")
-LOCAL_BASE = "hp-base:trixie"
 DEBOOTSTRAP_TIMEOUT = 900.0
+DEBOOTSTRAP_SCRIPTS = Path("/usr/share/debootstrap/scripts")
 
 Log = Callable[[str], None]
 
@@ -93,6 +94,23 @@ def packages_hash(packages: tuple[str, ...]) -> str:
     return hashlib.sha256(PACKAGES_DOCKERFILE.encode() + b"\0" + "\n".join(packages).encode()).hexdigest()
 
 
+def parse_dpkg_version(status: str, package: str) -> str | None:
+    """An installed package's version in a dpkg status file."""
+    for para in status.split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in para.splitlines() if ": " in line and not line.startswith(" "))
+        if fields.get("Package") == package and "installed" in fields.get("Status", ""):
+            return fields.get("Version")
+    return None
+
+
+def slurm_version(provider: Provider, ref: str) -> str | None:
+    """Slurm's exact version in an image (Debian's slurmd package: `26.05.5-1`), read from its
+    dpkg database without running it; None when the image is absent or has no slurmd."""
+    if provider.image_id(ref) is None:
+        return None
+    return parse_dpkg_version(provider.read_image_file(ref, "/var/lib/dpkg/status").decode(errors="replace"), "slurmd")
+
+
 def context_hash(ctx: Path) -> str:
     """What a build context's images depend on: each file's path, content and whether it
     is executable. Not the other permission bits: a tree unpacked with another umask
@@ -116,9 +134,18 @@ def _steps(log: Log) -> Log:
     return steps
 
 
+def base_refs() -> tuple[str, ...]:
+    """Every release's base image names (pulled and local): images of hp's that run anywhere."""
+    return tuple(ref for r in RELEASES.values() for ref in (r.pulled_base, r.local_base))
+
+
 class Images:
-    def __init__(self, provider: Provider, root: Path | None = None):
+    """One Slurm release's images."""
+
+    def __init__(self, provider: Provider, release: SlurmRelease, root: Path | None = None):
         self.p = provider
+        self.release = release
+        self.rel = RELEASES[release]
         self.root = root or resources.root()  # the folder the ImageDefs' contexts are relative to
         self._base: tuple[str, str] | None = None  # (ref, image id)
 
@@ -127,8 +154,8 @@ class Images:
         """(reference, image id) of the base image, made if needed and `make`."""
         if self._base:
             return self._base
-        pulled = f"{PULL_BASE[0]}:{PULL_BASE[1]}"
-        for ref in (pulled, LOCAL_BASE):
+        pulled, local = self.rel.pulled_base, self.rel.local_base
+        for ref in (pulled, local):
             if (iid := self.p.image_id(ref)) is not None:
                 self._base = (ref, iid)
                 return self._base
@@ -136,30 +163,33 @@ class Images:
             raise OperationFailed("no base image: run 'hp images build'")
         try:
             log(f"pulling {pulled}")
-            self.p.pull(*PULL_BASE)
+            self.p.pull(*self.rel.pull)
         except EngineError as e:  # no registry: fall back to a local base
-            log(f"cannot pull {pulled} ({str(e).splitlines()[0][:120]}); making {LOCAL_BASE} with debootstrap")
+            log(f"cannot pull {pulled} ({str(e).splitlines()[0][:120]}); making {local} with debootstrap")
         else:
             iid = self.p.image_id(pulled)
             if iid is not None:
                 self._base = (pulled, iid)
                 return self._base
         self._debootstrap(log)
-        iid = self.p.image_id(LOCAL_BASE)
+        iid = self.p.image_id(local)
         if iid is None:
-            raise OperationFailed(f"importing {LOCAL_BASE} produced no image")
-        self._base = (LOCAL_BASE, iid)
+            raise OperationFailed(f"importing {local} produced no image")
+        self._base = (local, iid)
         return self._base
 
     def _debootstrap(self, log: Log) -> None:
         if not shutil.which("debootstrap"):
             raise OperationFailed(
-                "no base image: debian:trixie-slim can't be pulled and debootstrap is not installed.\n"
+                f"no base image: {self.rel.pulled_base} can't be pulled and debootstrap is not installed.\n"
                 "Install it (apt-get install -y debootstrap) and run as root, or make the pull work."
             )
         with tempfile.TemporaryDirectory(prefix="hp-rootfs-") as tmp:
             rootfs = Path(tmp) / "rootfs"
-            cmd = ["debootstrap", "--variant=minbase", "trixie", str(rootfs), mirror()]
+            suite = self.rel.suite
+            cmd = ["debootstrap", "--variant=minbase", suite, str(rootfs), mirror()]
+            if not (DEBOOTSTRAP_SCRIPTS / suite).exists():  # a debootstrap older than the suite: sid's script
+                cmd.append(str(DEBOOTSTRAP_SCRIPTS / "sid"))
             log(" ".join(cmd))
             try:
                 r = subprocess.run(cmd, capture_output=True, text=True, timeout=DEBOOTSTRAP_TIMEOUT)
@@ -173,12 +203,14 @@ class Images:
                     f"debootstrap failed ({r.returncode}); is the Debian mirror {mirror()} reachable?\n"
                     f"{(r.stdout + r.stderr)[-2000:]}"
                 )
+            if self.rel.apt_conf:
+                (rootfs / "etc/apt/apt.conf.d/99hp").write_text(self.rel.apt_conf)
             tar_path = Path(tmp) / "rootfs.tar"
             with tarfile.open(tar_path, "w") as tar:
                 tar.add(rootfs, arcname=".")
             shutil.rmtree(rootfs, ignore_errors=True)
-            log(f"importing {LOCAL_BASE}")
-            repo, tag = LOCAL_BASE.split(":")
+            log(f"importing {self.rel.local_base}")
+            repo, tag = self.rel.local_base.split(":")
             self.p.import_image(tar_path, repo, tag, ['CMD ["/bin/bash"]', "ENV LANG=C.UTF-8"])
 
     # -- role images ----------------------------------------------------------------
@@ -192,9 +224,10 @@ class Images:
         h = hashlib.sha256()
         h.update(base_id.encode() + b"\0" + (d.target or "").encode() + b"\0")
         h.update(context_hash(self.context(d)).encode())
+        h.update(b"\0" + self.release.value.encode())
         if d.parent:
             h.update(b"\0" + self.tag(_BY_NAME[d.parent], base_id).encode())
-        return f"{d.repo()}:{h.hexdigest()[:12]}"
+        return f"{d.repo()}:{self.release.value}-{h.hexdigest()[:12]}"
 
     def refs(self, defs: tuple[ImageDef, ...] = NODE_IMAGES) -> dict[str, str]:
         """Image reference per logical name, for what is (or would be) built now."""
@@ -220,7 +253,7 @@ class Images:
     def _build_one(self, d: ImageDef, ref: str, base_ref: str, log: Log, parent: str | None = None) -> None:
         steps = _steps(log)
         try:
-            args = {"BASE": base_ref, **({"PARENT": parent} if parent else {})}
+            args = {"BASE": base_ref, "SLURM_RELEASE": self.release.value, **({"PARENT": parent} if parent else {})}
             if parent and not self.exists(parent):
                 raise OperationFailed(f"building {ref} needs {parent}: build it first")
             self.p.build_image(self.context(d), ref, d.target, args, steps)
@@ -228,7 +261,9 @@ class Images:
             raise OperationFailed(f"building {ref} failed: {e}") from None
         if not self.exists(ref):
             raise OperationFailed(f"building {ref} produced no image")
-        self.p.tag_image(ref, d.repo(), "latest")
+        self.p.tag_image(ref, d.repo(), self.release.value)  # hp-worker:26.05: the release's newest
+        if self.release is DEFAULT:
+            self.p.tag_image(ref, d.repo(), "latest")
 
     # -- NodePackages: derived login/compute images -----------------------------------
     @staticmethod
@@ -274,10 +309,14 @@ class Images:
         try:
             base_ref, base_id = self.base(make=False)
         except OperationFailed:
-            return [{"Image": d.repo(), "Tag": "", "Present": False} for d in ALL_IMAGES + GPU_IMAGES + extra]
+            return [
+                {"Image": d.repo(), "Slurm": self.release.value, "Tag": "", "Present": False}
+                for d in ALL_IMAGES + GPU_IMAGES + extra
+            ]
         return [
             {
                 "Image": d.repo(),
+                "Slurm": self.release.value,
                 "Tag": self.tag(d, base_id),
                 "Present": self.exists(self.tag(d, base_id)),
                 "Base": base_ref,

@@ -32,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from ..docker.images import LOCAL_BASE, PULL_BASE
+from ..docker.images import base_refs
 from ..docker.provider import Provider
 from ..docker.views import ContainerSpec
 from ..errors import TRANSIENT
@@ -321,7 +321,7 @@ def from_env(value: str, engine: str, cpus: int, memory_mib: int) -> HostGpuInfo
 def probe_image(provider: Provider) -> str | None:
     """An image of hp's to run the probe in: the base image (which `hp images build`
     makes first), or the worker image."""
-    for ref in (f"{PULL_BASE[0]}:{PULL_BASE[1]}", LOCAL_BASE, "hp-worker:latest"):
+    for ref in (*base_refs(), "hp-worker:latest"):
         if provider.image_id(ref) is not None:
             return ref
     return None

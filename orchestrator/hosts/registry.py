@@ -41,6 +41,7 @@ from ..gpu.inventory import KEY as GPU_KEY
 from ..gpu.inventory import HostGpuInfo
 from ..naming import L_CLUSTER, NODE_ROLES, node_name
 from ..recovery import actions
+from ..releases import DEFAULT
 from ..spec.model import name_problem
 from ..state.phases import Phase
 from ..state.store import HostRow, Store
@@ -186,7 +187,7 @@ def _check_same_kind(store: Store, name: str, info: EngineInfo) -> None:
 def _check_nodes_run(eng: DockerEngine, name: str, manager: str | None, log: Log) -> None:
     """A probe container on the host: the FUSE device, mounting, the swarm's ports."""
     local = engine_mod.DockerEngine()
-    ref, iid = Images(local).base(log)
+    ref, iid = Images(local, DEFAULT).base(log)
     hostprobe.ensure_image(eng, local, ref, iid, log)
     if problems := hostprobe.problems(eng, ref, manager):
         raise BadInput([f"host {name} cannot run hp's nodes: {p}" for p in problems], "cannot add host")

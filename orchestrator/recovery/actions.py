@@ -280,9 +280,9 @@ def _forget(cluster: Cluster, t: Target, what: str) -> None:
 
 def _images(cluster: Cluster, t: Target) -> dict[str, str]:
     """hp's current node images; the old container's image where the current one is not built."""
-    refs = cluster.env.images.refs(cluster.env.node_image_defs())
+    refs = cluster.images.refs(cluster.env.node_image_defs())
     key = "node-mh" if cluster.multihost and t.role != "controller" else t.role
-    if t.container is not None and not cluster.env.images.exists(refs.get(key, "")):
+    if t.container is not None and not cluster.images.exists(refs.get(key, "")):
         refs[key] = t.container.image
     return refs
 

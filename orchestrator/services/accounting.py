@@ -362,7 +362,7 @@ def health(cluster: Cluster, containers: list[Container] | None = None) -> Healt
 
 # -- bringing the services back -------------------------------------------------------------
 def _image(cluster: Cluster, role: str) -> str:
-    return cluster.env.images.refs(tuple(d for d in _service_defs() if d.name == role))[role]
+    return cluster.images.refs(tuple(d for d in _service_defs() if d.name == role))[role]
 
 
 def _service_defs() -> tuple:

@@ -14,7 +14,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from .. import releases
 from ..errors import BadInput
+from ..releases import SlurmRelease
 from . import lifecycle, userwork
 from . import names as specnames
 from .catalogue import InstanceType
@@ -140,6 +142,14 @@ class ClusterSpec(_Model):
     # nodes, and Debian packages added to their images
     Mounts: list[MountConfig] | None = None
     NodePackages: list[str] | None = None
+    # hp's own: the Slurm release the nodes run (releases.py; absent: the default, fixed when
+    # the cluster is created; a stored spec from before the choice ran releases.BEFORE_CHOICE).
+    # Not strict: YAML and JSON give a string, which the enum takes by value.
+    SlurmVersion: SlurmRelease | None = Field(default=None, strict=False)
+
+    @property
+    def release(self) -> SlurmRelease:
+        return self.SlurmVersion if self.SlurmVersion is not None else releases.DEFAULT
 
     @property
     def packages(self) -> tuple[str, ...]:
@@ -157,9 +167,14 @@ class ClusterSpec(_Model):
         return self.Rest.Enabled if self.Rest is not None else REST_DEFAULT
 
     def with_services_fixed(self) -> ClusterSpec:
-        """The spec with the services' settings written out (recorded at create)."""
+        """The spec with the services' settings and the Slurm release written out (recorded
+        at create: a later default does not change an existing cluster)."""
         return self.model_copy(
-            update={"Accounting": AccountingConfig(Enabled=self.accounting), "Rest": RestConfig(Enabled=self.rest)}
+            update={
+                "Accounting": AccountingConfig(Enabled=self.accounting),
+                "Rest": RestConfig(Enabled=self.rest),
+                "SlurmVersion": self.release,
+            }
         )
 
     @property
@@ -383,6 +398,7 @@ def validate(
     if existing:  # a cluster recorded before the services existed has none of them
         raw.setdefault("Accounting", {"Enabled": False})
         raw.setdefault("Rest", {"Enabled": False})
+        raw.setdefault("SlurmVersion", releases.BEFORE_CHOICE.value)
         raw = _without_ignored_lifecycle(raw)
     elif isinstance(raw.get("InstanceGroups"), list):
         raw["InstanceGroups"], problems = lifecycle.resolve(raw["InstanceGroups"], base or Path.cwd())
@@ -393,7 +409,9 @@ def validate(
         for err in e.errors():
             kind = err["type"]
             loc = _loc(err["loc"])
-            if kind == "extra_forbidden":
+            if loc == "SlurmVersion":  # the releases named, and a YAML number told apart
+                problems.append(releases.problem(err.get("input"), loc) or f"{loc}: {err['msg']}")
+            elif kind == "extra_forbidden":
                 problems.append(f"{loc}: unknown key")
             elif kind == "missing":
                 problems.append(f"{loc}: required")
@@ -462,12 +480,19 @@ def with_overrides(
     accounting: bool | None = None,
     rest: bool | None = None,
     mounts: list[str] | None = None,
+    slurm: str | None = None,
     base: Path | None = None,
 ) -> ClusterSpec:
     """Validate a spec document with the command line's overrides (--name, --mode,
-    --accounting, --rest, --mount: added to the spec's Mounts); BadInput listing every
-    problem, `problems` (found by the caller) included. `base`: the spec file's folder (validate)."""
+    --accounting, --rest, --mount: added to the spec's Mounts, --slurm: SlurmVersion);
+    BadInput listing every problem, `problems` (found by the caller) included. `base`: the
+    spec file's folder (validate)."""
     problems = list(problems or [])
+    if slurm is not None:
+        if bad := releases.problem(slurm, "--slurm"):
+            problems.append(bad)
+        elif isinstance(raw, dict):
+            raw = {**raw, "SlurmVersion": slurm}
     if isinstance(raw, dict):
         if mounts:
             have = raw.get("Mounts") if isinstance(raw.get("Mounts"), list) else []

@@ -16,15 +16,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Hp, small_spec, write_spec
+from conftest import Hp, slurm_release, small_spec, write_spec
 
 from orchestrator.docker.engine import DockerEngine
+from orchestrator.releases import RELEASES
 from orchestrator.services import jwt
 
 # its tests share one module-scoped cluster: one xdist worker runs them, in order
 pytestmark = pytest.mark.xdist_group("accounting")
 
-API = "slurm/v0.0.42"
+API = f"slurm/{RELEASES[slurm_release()].rest_api}"  # the release's own OpenAPI version
 
 
 @pytest.fixture(scope="module")

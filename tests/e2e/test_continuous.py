@@ -13,7 +13,7 @@ import uuid
 import pytest
 
 from orchestrator.docker.engine import DockerEngine as DockerProvider
-from tests.conftest import small_spec, wait_until, write_spec
+from tests.conftest import slurm_release, small_spec, wait_until, write_spec
 
 
 @pytest.fixture
@@ -112,7 +112,7 @@ def test_container_exiting_at_start_is_retried_until_fixed(hp, tmp_path, types):
     p = DockerProvider()
     from orchestrator.docker.images import Images
 
-    worker = Images(p).refs()["worker"]
+    worker = Images(p, slurm_release()).refs()["worker"]
     bad = f"hp-test-broken:{uuid.uuid4().hex[:8]}"
     # a real fault: the group's image runs a command that fails at start
     dockerfile = f'FROM {worker}\nENTRYPOINT ["sh", "-c", "echo slurmd cannot start >&2; exit 3"]\n'

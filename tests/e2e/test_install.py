@@ -19,13 +19,15 @@ from conftest import ROOT
 
 from orchestrator import resources
 from orchestrator.docker.images import ALL_IMAGES, GPU_IMAGES, MULTIHOST_IMAGES, Images, context_hash
+from orchestrator.releases import DEFAULT
 
 # what the hp that runs it sees: where its resources are, each image's build context hash
 SEEN = """
 import json
 from orchestrator import resources
 from orchestrator.docker.images import ALL_IMAGES, GPU_IMAGES, MULTIHOST_IMAGES, Images, context_hash
-i = Images(None)
+from orchestrator.releases import DEFAULT
+i = Images(None, DEFAULT)
 print(json.dumps({"root": str(resources.root()), "contexts": {
     d.name: context_hash(i.context(d)) for d in ALL_IMAGES + GPU_IMAGES + MULTIHOST_IMAGES}}))
 """
@@ -52,7 +54,7 @@ def test_pip_install_elsewhere_builds_creates_runs_and_deletes(docker_ok, tmp_pa
     assert installed.parts[-3:] == ("site-packages", "orchestrator", resources.SHIPPED), installed
     assert not installed.is_relative_to(ROOT)
     assert {f: (installed / f).is_dir() for f in resources.FOLDERS} == dict.fromkeys(resources.FOLDERS, True)
-    here = Images(None)  # type: ignore[arg-type]  # contexts only
+    here = Images(None, DEFAULT)  # type: ignore[arg-type]  # contexts only
     assert resources.root() == ROOT
     assert seen["contexts"] == {
         d.name: context_hash(here.context(d)) for d in ALL_IMAGES + GPU_IMAGES + MULTIHOST_IMAGES

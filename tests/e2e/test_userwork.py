@@ -11,7 +11,7 @@ from pathlib import Path
 
 from orchestrator.docker.engine import DockerEngine
 from orchestrator.docker.images import Images
-from tests.conftest import small_spec, write_spec
+from tests.conftest import slurm_release, small_spec, write_spec
 
 CLIENTS_IMAGE = Path(__file__).resolve().parent.parent / "fixtures" / "clients-image"
 HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
@@ -114,7 +114,7 @@ def clients_image(tmp_path: Path) -> str:
     """A user's image FROM hp's worker image with submitit and dask-jobqueue from PyPI
     (tests/fixtures/clients-image), tagged by hp's image and the Dockerfile: built once."""
     p = DockerEngine()
-    worker = Images(p).refs()["worker"]
+    worker = Images(p, slurm_release()).refs()["worker"]
     recipe = (CLIENTS_IMAGE / "Dockerfile").read_bytes()
     tag = "hp-test-clients:" + hashlib.sha256(worker.encode() + b"\0" + recipe).hexdigest()[:12]
     if p.image_id(tag) is None:

@@ -16,6 +16,7 @@ from orchestrator.cluster.create import CreateOptions, create
 from orchestrator.cluster.scaling import scale
 from orchestrator.core.context import Cluster
 from orchestrator.errors import EngineUnavailable, OperationFailed
+from orchestrator.releases import DEFAULT
 from orchestrator.spec.model import validate
 from orchestrator.state.transitions import ClusterStatus
 
@@ -60,7 +61,7 @@ def test_agent_started_while_the_engine_restarts_waits_for_it(tmp_path):
     answer to the images' lookup) is waited for; the agent was lost before."""
     w = world(tmp_path)
     create(w.env, validate(spec_doc("lab"), w.env.catalogue), CreateOptions(timeout=5))
-    real, looks = w.env.images.refs, [0]
+    real, looks = w.env.images(DEFAULT).refs, [0]
 
     def refs(defs):  # the agent's first reads of its node images' tags, while the engine is away
         looks[0] += 1
@@ -68,7 +69,7 @@ def test_agent_started_while_the_engine_restarts_waits_for_it(tmp_path):
             raise EngineUnavailable("cannot reach a Docker engine (fake: restarting)")
         return real(defs)
 
-    w.env.images.refs = refs
+    w.env.images(DEFAULT).refs = refs
     agent = Agent(w.env, "lab")
     agent._sleep = lambda seconds: None  # noqa: SLF001 - no real second between looks
     t = threading.Thread(target=agent.run, daemon=True)

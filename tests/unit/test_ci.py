@@ -19,14 +19,16 @@ from fakes import FakeContainer, World, spec_doc, world
 
 import orchestrator
 from orchestrator.ci import images_io, logs, submit
-from orchestrator.ci.image_versions import image_versions, parse_dpkg_version, slurm_version
+from orchestrator.ci.image_versions import image_versions
 from orchestrator.ci.images_io import images_key, load_images, read_manifest, save_images
 from orchestrator.ci.logs import LogWriter, export_logs, nodes_to_collect
 from orchestrator.ci.submit import FOLLOW_SH
 from orchestrator.ci.version import versions
 from orchestrator.cluster.create import CreateOptions, create
+from orchestrator.docker.images import parse_dpkg_version
 from orchestrator.docker.views import ExecResult
 from orchestrator.errors import BadInput, EngineError, NotFound, OperationFailed, WaitTimeout
+from orchestrator.releases import DEFAULT
 from orchestrator.slurm.model import JobInfo
 from orchestrator.spec.model import validate
 from orchestrator.state.health_requests import Records
@@ -387,14 +389,14 @@ def test_images_save_then_load_round_trip(tmp_path: Path) -> None:
     d.mkdir()
     (d / "hp-images-0123456789abcdef01234567.tar").write_bytes(b"an older save")
     said: list[str] = []
-    saved = save_images(w.env, d, log=said.append)
+    saved = save_images(w.env, DEFAULT, d, log=said.append)
     check_schema("images-save", saved)
     assert [i["Name"] for i in saved["Images"]] == ["base", "controller", "login", "worker", "check-cpu"]
     assert saved["Images"][0]["Ref"] == "debian:trixie-slim"
     tar = d / saved["File"]
     assert sorted(p.name for p in d.iterdir()) == sorted([saved["File"], "manifest.json"])  # the old one went
     assert saved["Size"] == tar.stat().st_size and saved["Sha256"] == hashlib.sha256(tar.read_bytes()).hexdigest()
-    assert saved["Key"] == images_key(w.env) and saved["File"] == f"hp-images-{saved['Key']}.tar"
+    assert saved["Key"] == images_key(w.env, DEFAULT) and saved["File"] == f"hp-images-{saved['Key']}.tar"
     assert said == [f"saving 5 images to {tar}"]
     manifest = json.loads((d / "manifest.json").read_text())
     assert manifest == {k: v for k, v in saved.items() if k != "Directory"}
@@ -418,7 +420,7 @@ def test_images_save_then_load_round_trip(tmp_path: Path) -> None:
 def test_load_refuses_a_damaged_or_truncated_file(tmp_path: Path) -> None:
     w = world(tmp_path)
     d = tmp_path / "cache"
-    saved = save_images(w.env, d)
+    saved = save_images(w.env, DEFAULT, d)
     tar = d / saved["File"]
     data = tar.read_bytes()
     tar.write_bytes(bytes([data[0] ^ 1]) + data[1:])  # same size, one bit flipped
@@ -434,7 +436,7 @@ def test_load_refuses_a_damaged_or_truncated_file(tmp_path: Path) -> None:
 def test_load_when_the_engine_refuses_the_tar_or_gives_other_ids(tmp_path: Path) -> None:
     w = world(tmp_path)
     d = tmp_path / "cache"
-    save_images(w.env, d)
+    save_images(w.env, DEFAULT, d)
     fresh = world(tmp_path / "runner", build=False)
     fresh.provider.images.clear()
 
@@ -457,7 +459,7 @@ def test_load_of_images_saved_for_other_inputs_says_so(tmp_path: Path) -> None:
     w = world(tmp_path)
     real_ids(w)
     d = tmp_path / "cache"
-    save_images(w.env, d)
+    save_images(w.env, DEFAULT, d)
     doc = json.loads((d / "manifest.json").read_text())
     doc["Key"] = "000000000000000000000000"
     (d / "manifest.json").write_text(json.dumps(doc))
@@ -471,43 +473,44 @@ def test_load_of_images_saved_for_other_inputs_says_so(tmp_path: Path) -> None:
 def test_save_refuses_without_built_images_and_without_an_engine(tmp_path: Path) -> None:
     w = world(tmp_path, build=False)
     with pytest.raises(
-        OperationFailed, match=r"^image hp-controller:[0-9a-f]{12} is not built: run 'hp images build' first$"
+        OperationFailed,
+        match=r"^image hp-controller:24\.11-[0-9a-f]{12} is not built: run 'hp images build --slurm 24\.11' first$",
     ):
-        save_images(w.env, tmp_path / "a")
+        save_images(w.env, DEFAULT, tmp_path / "a")
     w = world(tmp_path / "bare", build=False)
     w.provider.images.clear()
     with pytest.raises(OperationFailed, match="no base image: run 'hp images build'"):
-        save_images(w.env, tmp_path / "a")
+        save_images(w.env, DEFAULT, tmp_path / "a")
     w.provider.up = False
     with pytest.raises(Exception, match="cannot reach a Docker engine"):
-        save_images(w.env, tmp_path / "a")
+        save_images(w.env, DEFAULT, tmp_path / "a")
 
 
 def test_save_without_check_images_saves_the_node_images(tmp_path: Path) -> None:
     w = world(tmp_path)
     check = next(r for r in w.provider.images if r.startswith("hp-check-cpu:") and not r.endswith(":latest"))
     del w.provider.images[check]
-    names = [i["Name"] for i in save_images(w.env, tmp_path / "a")["Images"]]
+    names = [i["Name"] for i in save_images(w.env, DEFAULT, tmp_path / "a")["Images"]]
     assert names == ["base", "controller", "login", "worker"]
 
 
 def test_images_key_follows_the_build_inputs_only(tmp_path: Path) -> None:
     w = world(tmp_path)
-    k = images_key(w.env)
-    assert len(k) == 24 and int(k, 16) >= 0 and images_key(w.env) == k
+    k = images_key(w.env, DEFAULT)
+    assert k.startswith(f"{DEFAULT}-") and len(k) == 30 and int(k[6:], 16) >= 0 and images_key(w.env, DEFAULT) == k
     root = tmp_path / "resources"
     for folder in ("images", "healthchecks"):  # the folders the images' contexts are in
-        shutil.copytree(w.env.images.root / folder, root / folder)
-    w.env.images.root = root
-    assert images_key(w.env) == k  # a copy builds the same images
+        shutil.copytree(w.env.images(DEFAULT).root / folder, root / folder)
+    w.env.images(DEFAULT).root = root
+    assert images_key(w.env, DEFAULT) == k  # a copy builds the same images
     f = next(p for p in sorted((root / "images" / "node").rglob("*")) if p.is_file())
     f.chmod(f.stat().st_mode ^ 0o040)  # a permission bit that is not "executable": same key
-    assert images_key(w.env) == k
+    assert images_key(w.env, DEFAULT) == k
     f.chmod(f.stat().st_mode ^ 0o111)
-    k2 = images_key(w.env)
+    k2 = images_key(w.env, DEFAULT)
     assert k2 != k
     f.write_bytes(f.read_bytes() + b"\n")
-    assert images_key(w.env) not in (k, k2)
+    assert images_key(w.env, DEFAULT) not in (k, k2)
 
 
 def test_read_manifest_reports_every_problem(tmp_path: Path) -> None:
@@ -580,11 +583,11 @@ def test_version_without_an_engine_or_images(tmp_path: Path) -> None:
 
 def test_slurm_version_of_an_image_without_slurmd_is_not_remembered(tmp_path: Path) -> None:
     w = world(tmp_path)
-    ref = w.env.images.refs()["worker"]
+    ref = w.env.images(DEFAULT).refs()["worker"]
     w.provider.read_image_file = lambda r, p: b"Package: bash\nStatus: install ok installed\nVersion: 5.2\n"  # type: ignore[method-assign]
-    assert slurm_version(w.env, ref) is None
+    assert w.env.slurm_version(ref) is None
     assert w.env.store.get(f"slurm-version:{w.provider.image_id(ref)}") is None
-    assert slurm_version(w.env, "hp-worker:not-built") is None
+    assert w.env.slurm_version("hp-worker:not-built") is None
 
 
 def test_parse_dpkg_version() -> None:

@@ -395,13 +395,19 @@ def test_version(hp: Hp, monkeypatch: pytest.MonkeyPatch) -> None:
     r = hp("version", "--images")
     lines = r.out.splitlines()
     assert r.code == 0 and lines[0].startswith("hp ") and "(Python " in lines[0]
-    assert lines[1] == "Slurm 24.11.5-4"
-    assert sorted(ln.split(":")[0] for ln in lines[2:]) == ["image controller", "image login", "image worker"]
+    assert lines[1] == "Slurm 24.11 (the default): 24.11.5-4"
+    assert sorted(ln.split(":")[0] for ln in lines[2:5]) == ["  image controller", "  image login", "  image worker"]
+    assert lines[5] == "Slurm 26.05: unknown (images not built)"  # the fakes have no forky base
     doc = hp.json("version", "version", "--images")
-    assert doc["slurm"] == "24.11.5-4"
+    assert doc["slurm"] == "24.11.5-4" and doc["releases"]["24.11"]["slurm"] == "24.11.5-4"
+    assert doc["releases"]["26.05"]["images"] is None and "no base image" in doc["releases"]["26.05"]["note"]
     hp.w.provider.up = False
     r = hp("version", "--images")
-    assert r.code == 0 and "Slurm unknown (images not built)" in r.out and "note: cannot reach a Docker engine" in r.out
+    assert (
+        r.code == 0
+        and "Slurm 24.11 (the default): unknown (images not built)" in r.out
+        and "note: cannot reach a Docker engine" in r.out
+    )
     hp.json("version", "version", "--images")
 
     def no_env() -> None:
@@ -818,20 +824,40 @@ def test_images_build_list_key(hp: Hp) -> None:
         "check-gpu",
     }
     r = hp("images", "list")
-    assert [ln.split()[0] for ln in r.out.splitlines()] == [
-        "IMAGE",
-        "hp-controller",
-        "hp-login",
-        "hp-worker",
-        "hp-rest",
-        "hp-check-cpu",
-        "hp-check-gpu",
+    names = ["hp-controller", "hp-login", "hp-worker", "hp-rest", "hp-check-cpu", "hp-check-gpu"]
+    assert [ln.split()[:2] for ln in r.out.splitlines()] == [
+        ["IMAGE", "SLURM"],
+        *([n, "24.11"] for n in names),
+        *([n, "26.05"] for n in names),
     ]
     doc = hp.json("images-list", "images", "list")
-    assert all(i["Present"] for i in doc["Images"])
+    assert all(i["Present"] for i in doc["Images"] if i["Slurm"] == "24.11")
+    assert not any(i["Present"] for i in doc["Images"] if i["Slurm"] == "26.05")  # no forky base in the fakes
     r = hp("images", "key")
-    assert r.code == 0 and len(r.out.strip()) == 24
+    assert r.code == 0 and r.out.startswith("24.11-") and len(r.out.strip()) == 30
     assert hp.json("images-key", "images", "key") == {"Key": r.out.strip()}
+    other = hp("images", "key", "--slurm", "26.05").out.strip()
+    assert other.startswith("26.05-") and other[6:] != r.out.strip()[6:]
+
+
+def test_a_release_hp_does_not_have_is_refused_naming_the_ones_it_has(hp: Hp, tmp_path: Path) -> None:
+    for args in (("images", "build"), ("images", "key"), ("images", "save", str(tmp_path / "s"))):
+        r = hp(*args, "--slurm", "25.11")
+        assert (r.code, r.err.strip()) == (
+            2,
+            "error: invalid option: --slurm: Slurm release '25.11' is not one hp has (24.11, 26.05)",
+        )
+    spec = tmp_path / "s.yaml"
+    spec.write_text("ClusterName: x\nSlurmVersion: 26.05\nNodePackages: ['Bad Name']\nInstanceGroups: []\n")
+    r = hp("images", "key", "-f", str(spec))
+    assert (
+        r.code == 2
+        and "SlurmVersion: Slurm release 26.05 is not one hp has (24.11, 26.05) (a YAML number: quote it" in r.err
+    )
+    assert "NodePackages[0]" in r.err  # every problem at once
+    r = hp("create", "--name", "lab", "--slurm", "23.02", "--mode", "sideways")
+    assert r.code == 2 and "--slurm: Slurm release '23.02' is not one hp has (24.11, 26.05)" in r.err
+    assert "--mode must be" in r.err and hp.w.env.store.cluster("lab") is None and not hp.w.provider.containers("lab")
 
 
 def test_images_need_an_engine(hp: Hp) -> None:

@@ -24,6 +24,7 @@ from orchestrator.gpu.gresconf import current_gres_conf
 from orchestrator.gpu.inventory import HostGpuInfo, discover, parse_probe
 from orchestrator.gpu.wiring import wire
 from orchestrator.recovery import actions
+from orchestrator.releases import DEFAULT
 from orchestrator.spec.model import validate
 
 
@@ -35,7 +36,7 @@ def make(w, groups, name="lab", **top):
 def gpu_world(tmp_path, n=1, runtime=False, cpus=16, memory_mib=131072):
     w = world(tmp_path, cpus=cpus, memory_mib=memory_mib, build=False)
     gpu_host(w.provider, n, runtime)
-    w.env.images.build(log=lambda s: None)
+    w.env.images(DEFAULT).build(log=lambda s: None)
     return w
 
 
@@ -354,7 +355,7 @@ def test_scale_up_and_replace_reconfigure_only_when_the_lines_change(tmp_path, m
     events = timeline(w)
     scale(w.env, "lab", "gpu", 2)
     c = Cluster(w.env, "lab")
-    rec = GroupReconciler(c, "gpu", Launcher(c, w.env.images.refs()), clock=lambda: 1e11)
+    rec = GroupReconciler(c, "gpu", Launcher(c, w.env.images(DEFAULT).refs()), clock=lambda: 1e11)
     for _ in range(4):
         rec.step({n.name: n for n in w.slurm.nodes()})
     assert "NodeName=gpu-2 Name=gpu Type=h200 File=/dev/nvidia1" in current_gres_conf(c)
@@ -378,7 +379,7 @@ def test_a_gpu_node_does_not_start_when_slurmctld_cannot_be_reconfigured(tmp_pat
         raise OperationFailed("scontrol reconfigure failed (1): slurm_reconfigure error")
 
     w.slurm.reconfigure = fails
-    lau = Launcher(c, w.env.images.refs())
+    lau = Launcher(c, w.env.images(DEFAULT).refs())
     res = lau.create_many([(c.spec.group("gpu"), 2)])
     cid = res["gpu-2"]
     err = lau.start(cid)
@@ -388,7 +389,7 @@ def test_a_gpu_node_does_not_start_when_slurmctld_cannot_be_reconfigured(tmp_pat
     # reconfigure is in the store, so it is done before that start
     del w.slurm.reconfigure
     events = timeline(w)
-    again = Launcher(c, w.env.images.refs())
+    again = Launcher(c, w.env.images(DEFAULT).refs())
     assert again.gres_pending and again.start(cid) is None
     assert events == [("reconfigure", ""), ("start", "hp-lab-gpu-2")] and not again.gres_pending
 

@@ -26,6 +26,7 @@ from orchestrator.health.requests.gpu_check import CHECK_PROGRAM, condemned_gpus
 from orchestrator.health.requests.runner import Options, run_and_record
 from orchestrator.naming import L_WATCHES, monitor_name
 from orchestrator.recovery import actions
+from orchestrator.releases import DEFAULT
 from orchestrator.slurm.model import SlurmNode
 from orchestrator.spec.model import validate
 from orchestrator.state.health_requests import Records
@@ -77,7 +78,7 @@ def w(tmp_path, monkeypatch):
     monkeypatch.setattr(engine_mod, "POLL_S", 0.001)
     w = world(tmp_path, cpus=16, memory_mib=131072, build=False)
     gpu_host(w.provider, 2)
-    w.env.images.build(log=lambda s: None)
+    w.env.images(DEFAULT).build(log=lambda s: None)
     spec = validate(spec_doc("lab", [("gpu", "h200.1x", 1)], login=False, NodeRecovery="Automatic"), w.env.catalogue)
     create(w.env, spec, CreateOptions(timeout=5))
     w.tools = GpuTools()
@@ -146,7 +147,7 @@ def test_an_application_xid_is_an_event_only(w):
 
 def test_a_setup_problem_keeps_the_node_drained_and_touches_nothing(w):
     """Changed: the GPU check image is gone (action none: nothing to reboot for)."""
-    ref = w.env.images.refs(GPU_IMAGES)["check-gpu"]
+    ref = w.env.images(DEFAULT).refs(GPU_IMAGES)["check-gpu"]
     del w.provider.images[ref]
     rid, verdicts, results = request(w)
     assert verdicts["gpu-1"].startswith("Failed: InstanceStress: the GPU check image")

@@ -17,6 +17,7 @@ from orchestrator.core import lifecycle
 from orchestrator.core.context import Cluster
 from orchestrator.core.launcher import Launcher
 from orchestrator.errors import BadInput, EngineError, OperationFailed
+from orchestrator.releases import DEFAULT
 from orchestrator.spec.catalogue import load_catalogue
 from orchestrator.spec.lifecycle import MAX_FILES, TIMEOUT_DEFAULT, TIMEOUT_MAX
 from orchestrator.spec.model import validate, with_overrides
@@ -247,7 +248,7 @@ def made_node(tmp_path):
     c = Cluster(w.env, "lab", s)
     c.make_key()
     w.env.store.add_cluster("lab", s.model_dump(exclude_none=True), ClusterStatus.CREATING, "a test")
-    launcher = Launcher(c, w.env.images.refs())
+    launcher = Launcher(c, w.env.images(DEFAULT).refs())
     return w, s, launcher, launcher.create_many([(s.group("cpu"), 1)])["cpu-1"]
 
 

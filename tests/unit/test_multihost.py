@@ -34,6 +34,7 @@ from orchestrator.hosts import engines as host_engines
 from orchestrator.hosts import hostwatch
 from orchestrator.hosts.hostwatch import HostWatch
 from orchestrator.recovery import actions
+from orchestrator.releases import DEFAULT
 from orchestrator.spec.catalogue import load_catalogue
 from orchestrator.spec.model import validate
 
@@ -255,7 +256,7 @@ def test_create_spreads_compute_and_keeps_controller_login_and_home_on_the_first
     rows = {n["SlurmNodeName"]: n["Host"] for n in nodes(w.env, "lab")["ClusterNodeSummaries"]}
     assert rows == got
     # images went to every host, by id
-    assert all(e.images.get(w.env.images.refs()["worker"]) for e in w.hosts.values())
+    assert all(e.images.get(w.env.images(DEFAULT).refs()["worker"]) for e in w.hosts.values())
 
 
 def test_create_refuses_unknown_hosts_and_encryption_without_hosts(tmp_path):
@@ -349,7 +350,9 @@ def test_without_automatic_recovery_lost_nodes_are_marked_and_come_back_with_the
     assert rows[on3[0]]["InstanceStatus"]["Status"] == "Failure" and rows[on3[0]]["Host"] == "h3"
     # the reconciler does not launch them elsewhere: they are not missing
     c = Cluster(w.env, "lab")
-    rec = GroupReconciler(c, "cpu", Launcher(c, w.env.images.refs(w.env.node_image_defs())), clock=lambda: 1e11)
+    rec = GroupReconciler(
+        c, "cpu", Launcher(c, w.env.images(DEFAULT).refs(w.env.node_image_defs())), clock=lambda: 1e11
+    )
     rec.step({n.name: n for n in w.slurm.nodes()})
     assert sorted(n for n, h in where(w).items() if n.startswith("cpu")) == sorted(
         n for n in where(w) if n.startswith("cpu")
@@ -405,7 +408,9 @@ def test_a_replacement_that_finds_no_capacity_keeps_retrying(tmp_path, monkeypat
     assert failed and all("InsufficientCapacity" in ph[n][1] for n in failed)
     capacity.set_limit(w.env.store, "cpu.nano", None)
     c = Cluster(w.env, "lab")
-    rec = GroupReconciler(c, "cpu", Launcher(c, w.env.images.refs(w.env.node_image_defs())), clock=lambda: 1e11)
+    rec = GroupReconciler(
+        c, "cpu", Launcher(c, w.env.images(DEFAULT).refs(w.env.node_image_defs())), clock=lambda: 1e11
+    )
     for _ in range(4):
         rec.step({n.name: n for n in w.slurm.nodes()})
     got = where(w)
@@ -574,7 +579,7 @@ def test_removing_a_host_is_refused_while_a_controller_or_nodes_live_there(fleet
     for e in engines.values():
         e.on_start.append(w.slurm.register)
         e.on_start.append(service_started(e))
-    env.images.build(env.node_image_defs(), log=lambda s: None)
+    env.images(DEFAULT).build(env.node_image_defs(), log=lambda s: None)
     spec_ = validate(spec_doc("lab", [("cpu", "cpu.nano", 3)]), env.catalogue)
     create(env, spec_, CreateOptions(timeout=5))
     with pytest.raises(BadInput, match="holds the controller of cluster"):
@@ -670,7 +675,9 @@ def test_the_reconciler_does_not_launch_a_lost_node_recorded_replacing_during_it
         return got
 
     monkeypatch.setattr(c.p, "containers", listing_then_recorded)
-    rec = GroupReconciler(c, "cpu", Launcher(c, w.env.images.refs(w.env.node_image_defs())), clock=lambda: 1e11)
+    rec = GroupReconciler(
+        c, "cpu", Launcher(c, w.env.images(DEFAULT).refs(w.env.node_image_defs())), clock=lambda: 1e11
+    )
     rec.step({n.name: n for n in w.slurm.nodes()})
     assert not [n for n, h in where(w).items() if n in on3], where(w)  # none launched elsewhere
     assert {w.env.store.latest_phases("lab")[n][0] for n in on3} == {"Replacing"}  # left to the watcher
@@ -859,5 +866,5 @@ def test_node_packages_with_hosts_derive_the_home_mounting_image_and_send_it_to_
     make(w, NodePackages=["jq"])
     worker, login = w.node("lab", "cpu-1").spec, w.node("lab", "login-1").spec
     assert worker.image.startswith("hp-node-mh-pkgs:") and login.image == worker.image
-    assert w.node("lab", "controller-1").spec.image == w.env.images.refs()["controller"]
+    assert w.node("lab", "controller-1").spec.image == w.env.images(DEFAULT).refs()["controller"]
     assert all(e.images.get(worker.image) for e in w.hosts.values())

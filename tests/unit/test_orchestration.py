@@ -29,6 +29,7 @@ from orchestrator.core import capacity
 from orchestrator.core.context import Cluster, Env
 from orchestrator.core.launcher import Launcher
 from orchestrator.errors import BadInput, EngineError, NotFound, OperationFailed
+from orchestrator.releases import DEFAULT
 from orchestrator.spec.model import validate
 from orchestrator.state.store import Store
 
@@ -44,7 +45,7 @@ def phases(w, name):
 
 def reconcile(w, name, group, passes=6, clock=None):
     c = Cluster(w.env, name)
-    rec = GroupReconciler(c, group, Launcher(c, w.env.images.refs()), clock=clock or (lambda: 1e11))
+    rec = GroupReconciler(c, group, Launcher(c, w.env.images(DEFAULT).refs()), clock=clock or (lambda: 1e11))
     for _ in range(passes):
         rec.step({n.name: n for n in w.slurm.nodes()})
     return rec
@@ -409,7 +410,7 @@ def test_failed_launches_back_off_from_the_history(tmp_path):
     now = [time.time()]
     w.env.store.clock = lambda: now[0]
     c = Cluster(w.env, "lab")
-    rec = GroupReconciler(c, "cpu", Launcher(c, w.env.images.refs()))
+    rec = GroupReconciler(c, "cpu", Launcher(c, w.env.images(DEFAULT).refs()))
     rec.step({n.name: n for n in w.slurm.nodes()})
     h = rec.rec.history("cpu-2")
     assert h.phase.value == "LaunchFailed" and "InsufficientCapacity" in h.message
@@ -438,7 +439,7 @@ def test_a_container_that_exits_at_start_is_retried_and_one_left_created_is_star
     # a crash between create and start leaves a created container (maybe without its key):
     # the reconciler removes it and launches the node afresh
     scale(w.env, "lab", "cpu", 2)
-    launcher = Launcher(c, w.env.images.refs())
+    launcher = Launcher(c, w.env.images(DEFAULT).refs())
     w.env.store.set_phase("lab", "cpu-2", "Queued", "")
     launcher.create_many([(c.spec.group("cpu"), 2)])
     half = w.provider.node("lab", "cpu-2").id
@@ -458,7 +459,7 @@ def test_registration_timeout_fails_the_launch(tmp_path, monkeypatch):
     now = [time.time()]
     w.env.store.clock = lambda: now[0]
     c = Cluster(w.env, "lab")
-    rec = GroupReconciler(c, "cpu", Launcher(c, w.env.images.refs()))
+    rec = GroupReconciler(c, "cpu", Launcher(c, w.env.images(DEFAULT).refs()))
     monkeypatch.setattr(r, "REGISTER_TIMEOUT", 5.0)
     rec.step({n.name: n for n in w.slurm.nodes()})
     now[0] += 10
@@ -531,7 +532,7 @@ def test_agent_bug_in_a_group_is_reported_once_and_that_group_left_alone(tmp_pat
     make(w)
     agent = Agent(w.env, "lab")
     c = Cluster(w.env, "lab")
-    rec = GroupReconciler(c, "cpu", Launcher(c, w.env.images.refs()))
+    rec = GroupReconciler(c, "cpu", Launcher(c, w.env.images(DEFAULT).refs()))
     monkeypatch.setattr(rec, "step", lambda snodes: 1 / 0)
     agent._step(rec, {})
     agent._step(rec, {})

@@ -12,6 +12,7 @@ import pytest
 from orchestrator import resources
 from orchestrator.docker.images import ALL_IMAGES, GPU_IMAGES, MULTIHOST_IMAGES, Images
 from orchestrator.errors import OperationFailed
+from orchestrator.releases import DEFAULT
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,7 +34,7 @@ def test_a_checkout_uses_its_top_level_folders(fresh: None) -> None:
 
 
 def test_every_image_context_is_a_folder_with_a_dockerfile() -> None:
-    images = Images(provider=None)  # type: ignore[arg-type]  # contexts only
+    images = Images(provider=None, release=DEFAULT)  # type: ignore[arg-type]  # contexts only
     for d in ALL_IMAGES + GPU_IMAGES + MULTIHOST_IMAGES:
         assert (images.context(d) / "Dockerfile").is_file(), d
 

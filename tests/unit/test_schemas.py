@@ -14,10 +14,10 @@ import jsonschema
 import pytest
 import typer
 
-from orchestrator.ci.image_versions import parse_dpkg_version
 from orchestrator.ci.images_io import read_manifest
 from orchestrator.ci.logs import LogWriter
 from orchestrator.cli.main import app
+from orchestrator.docker.images import parse_dpkg_version
 from orchestrator.errors import BadInput
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -138,17 +138,24 @@ def test_images_key_needs_no_docker_and_tracks_inputs(tmp_path: Path) -> None:
     from orchestrator import resources
     from orchestrator.ci.images_io import images_key
     from orchestrator.docker.images import Images
+    from orchestrator.releases import SlurmRelease
 
     class E:  # images_key reads only the build contexts
         def __init__(self, root: Path):
-            self.images = Images(provider=None, root=root)  # type: ignore[arg-type]
+            self.root = root
+
+        def images(self, release: SlurmRelease) -> Images:
+            return Images(provider=None, release=release, root=self.root)  # type: ignore[arg-type]
 
     for folder in ("images", "healthchecks"):
         shutil.copytree(resources.root() / folder, tmp_path / folder)
-    k1 = images_key(E(tmp_path))
-    assert k1 == images_key(E(resources.root())) and len(k1) == 24
+    k1 = images_key(E(tmp_path), SlurmRelease.V24_11)  # type: ignore[arg-type]
+    assert k1 == images_key(E(resources.root()), SlurmRelease.V24_11)  # type: ignore[arg-type]
+    assert k1.startswith("24.11-") and len(k1) == 6 + 24
+    k2 = images_key(E(tmp_path), SlurmRelease.V26_05)  # type: ignore[arg-type]
+    assert k2.startswith("26.05-") and k2[6:] != k1[6:]  # the release is in the hash, not only its name
     (tmp_path / "images" / "node" / "hp-entry").write_text("changed")
-    assert images_key(E(tmp_path)) != k1
+    assert images_key(E(tmp_path), SlurmRelease.V24_11) != k1  # type: ignore[arg-type]
 
 
 def test_image_tags_ignore_permission_bits_but_not_the_executable_bit(tmp_path: Path) -> None:

@@ -260,3 +260,32 @@ def test_instance_types_docker_or_slurm_would_refuse(tmp_path, monkeypatch, fiel
     with pytest.raises(BadInput) as e:
         load_catalogue()
     assert len(e.value.problems) == 1 and "bad.type" in e.value.problems[0] and needle in e.value.problems[0]
+
+
+def test_slurm_version_chooses_the_release_and_is_fixed_at_create(tmp_path):
+    from orchestrator import releases
+    from orchestrator.releases import SlurmRelease
+    from orchestrator.spec.model import with_overrides
+
+    cat = load_catalogue()
+    assert validate(dict(DEFAULT_SPEC), cat).release is releases.DEFAULT
+    spec = validate({**DEFAULT_SPEC, "SlurmVersion": "26.05"}, cat)
+    assert spec.release is SlurmRelease.V26_05 and spec.with_services_fixed().SlurmVersion is SlurmRelease.V26_05
+    assert validate(dict(DEFAULT_SPEC), cat).with_services_fixed().SlurmVersion is releases.DEFAULT  # recorded
+    # a stored spec of a cluster made before the choice ran 24.11, whatever the default is now
+    assert validate(dict(DEFAULT_SPEC), cat, existing=True).release is releases.BEFORE_CHOICE
+    assert with_overrides(dict(DEFAULT_SPEC), cat, slurm="26.05").release is SlurmRelease.V26_05
+    # YAML: a quoted release reads; 26.05 unquoted is a number, named as such
+    f = tmp_path / "s.yaml"
+    f.write_text('ClusterName: a\nSlurmVersion: "26.05"\nInstanceGroups: []\n')
+    assert load_spec_file(f)["SlurmVersion"] == "26.05"
+    with pytest.raises(BadInput) as ei:
+        validate({**DEFAULT_SPEC, "SlurmVersion": 26.05}, cat)
+    assert ei.value.problems == [
+        'SlurmVersion: Slurm release 26.05 is not one hp has (24.11, 26.05) (a YAML number: quote it, "26.05")'
+    ]
+    with pytest.raises(BadInput) as ei:  # with the other problems, the command line's too
+        with_overrides({**DEFAULT_SPEC, "SlurmVersion": "25.11", "Foo": 1}, cat, slurm="2")
+    assert ei.value.problems[0] == "--slurm: Slurm release '2' is not one hp has (24.11, 26.05)"
+    assert "SlurmVersion: Slurm release '25.11' is not one hp has (24.11, 26.05)" in ei.value.problems
+    assert "Foo: unknown key" in ei.value.problems

@@ -3,6 +3,7 @@
 import pytest
 
 from orchestrator.errors import BadInput, OperationFailed
+from orchestrator.releases import DEFAULT
 from orchestrator.spec.catalogue import load_catalogue
 from orchestrator.spec.model import DEFAULT_SPEC, validate, with_overrides
 from orchestrator.spec.userwork import mount_arg
@@ -124,7 +125,7 @@ def test_node_packages_build_derived_login_and_compute_images_once(tmp_path):
     opts = CreateOptions(timeout=5)
     doc = spec_doc("lab", NodePackages=["jq", "bc", "jq"])
     create(w.env, validate(doc, w.env.catalogue), opts)
-    refs = w.env.images.refs()
+    refs = w.env.images(DEFAULT).refs()
     assert sorted(t.split(":")[0] for t, _, _ in builds) == ["hp-login-pkgs", "hp-worker-pkgs"]
     assert {a["PARENT"] for _, a, _ in builds} == {refs["login"], refs["worker"]}
     assert {p for _, _, p in builds} == {"bc\njq\n"}  # one a line: read by xargs, never by a shell
@@ -139,12 +140,12 @@ def test_node_packages_build_derived_login_and_compute_images_once(tmp_path):
     create(w.env, validate(spec_doc("lab3"), w.env.catalogue), opts)
     assert len(builds) == 2 and w.provider._get("hp-lab3-cpu-1").spec.image == refs["worker"]
     # the cache key and the saved images follow the list
-    assert images_key(w.env) != images_key(w.env, ("bc", "jq")) != images_key(w.env, ("bc",))
-    doc = save_images(w.env, tmp_path / "saved", packages=("bc", "jq"))
+    assert images_key(w.env, DEFAULT) != images_key(w.env, DEFAULT, ("bc", "jq")) != images_key(w.env, DEFAULT, ("bc",))
+    doc = save_images(w.env, DEFAULT, tmp_path / "saved", packages=("bc", "jq"))
     names = {i["Name"]: i["Ref"] for i in doc["Images"]}
     assert names["login-pkgs"] == spec_of["login-1"] and names["worker-pkgs"] == spec_of["cpu-1"]
     with pytest.raises(OperationFailed, match="NodePackages.*not built"):
-        save_images(w.env, tmp_path / "saved2", packages=("zsh",))
+        save_images(w.env, DEFAULT, tmp_path / "saved2", packages=("zsh",))
 
 
 def test_packages_of_a_spec_document():

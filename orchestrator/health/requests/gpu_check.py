@@ -55,7 +55,7 @@ def check_argv(expected_gpus: int, opts: GpuCheckOptions) -> list[str]:
 
 
 def image_ref(cluster: Cluster) -> str:
-    return cluster.env.images.refs(GPU_IMAGES)["check-gpu"]
+    return cluster.images.refs(GPU_IMAGES)["check-gpu"]
 
 
 def node_wiring(cluster: Cluster, node: Container) -> GpuWiring | None:
@@ -144,7 +144,7 @@ def run_gpu_check(
     except BadInput as e:  # the file changed since the request was accepted: a setup problem
         return GpuCheckResult(_setup_failure("gpu-thresholds", str(e)), str(e))
     image = image_ref(cluster)
-    if not cluster.env.images.exists(image):
+    if not cluster.images.exists(image):
         msg = f"the GPU check image {image} is not built ('hp images build --gpu')"
         return GpuCheckResult(_setup_failure("gpu-check-image-missing", msg), msg)
     try:

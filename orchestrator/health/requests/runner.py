@@ -82,7 +82,7 @@ class Engine:
         self.opts = opts
         self.rec = Records(cluster.store)
         self.attempt = attempt
-        self.image = cluster.env.images.refs(CHECK_IMAGES)["check-cpu"]
+        self.image = cluster.images.refs(CHECK_IMAGES)["check-cpu"]
         self.outdir = output_dir(cluster.store, cluster.name, rid)
         self.budget = CpuBudget(float(cluster.p.info().cpus))
 
