@@ -3,6 +3,8 @@ what exists; names are derived from (cluster, group, index) alone."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 LABEL_PREFIX = "io.hp"
 L_MANAGED = f"{LABEL_PREFIX}.managed"
 L_CLUSTER = f"{LABEL_PREFIX}.cluster"
@@ -22,7 +24,25 @@ L_WATCHES = f"{LABEL_PREFIX}.watches"  # the node container a GPU monitor watche
 
 # the default user of every cluster (`hp exec` runs as it; its home is on the shared /home)
 DEFAULT_USER = "hpuser"
-DEFAULT_UID = 1000
+DEFAULT_UID = 1000  # the image's; a cluster's hpuser has the uid and gid of whoever made it (user_ids)
+# Debian's ordinary users' and groups' ids: hp's node images hold hpuser alone among them
+USER_IDS = range(1000, 60000)
+
+
+def user_ids(environ: Mapping[str, str], uid: int, gid: int) -> tuple[int, int]:
+    """The uid and gid a new cluster's hpuser gets, so that what its jobs write in a mounted
+    folder belongs to whoever ran `hp create` (uid, gid: that process's): under sudo, the
+    user who ran sudo (SUDO_UID, SUDO_GID). Each id outside USER_IDS (root itself, a system
+    account or group, such as the docker group a CI runner's user may have as its own) is
+    the image's, DEFAULT_UID."""
+    if uid == 0:
+        uid, gid = _number(environ.get("SUDO_UID"), uid), _number(environ.get("SUDO_GID"), gid)
+    return (uid if uid in USER_IDS else DEFAULT_UID), (gid if gid in USER_IDS else DEFAULT_UID)
+
+
+def _number(text: str | None, default: int) -> int:
+    return int(text) if text and text.isdigit() else default
+
 
 ROLE_BY_NODE_TYPE = {"Controller": "controller", "Login": "login", "Compute": "worker"}
 # the roles of Slurm nodes' containers (not "check": health-check containers carry a node's labels too)

@@ -21,7 +21,7 @@ from ..cluster.exec import exec_target
 from ..core.context import Cluster, Env
 from ..docker.provider import Provider
 from ..errors import BadInput, EngineError, OperationFailed, WaitTimeout
-from ..naming import DEFAULT_UID, DEFAULT_USER
+from ..naming import DEFAULT_USER
 from ..slurm.model import JobInfo
 
 POLL = 0.25
@@ -84,11 +84,12 @@ def submit(
     stem = time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}-" + re.sub(r"[^A-Za-z0-9._-]", "_", script.name)
     remote, out_file, done_file = f"{jobdir}/{stem}", f"{jobdir}/{stem}.out", f"{jobdir}/{stem}.done"
     user_env = {"HOME": home, "USER": DEFAULT_USER}
+    uid, _ = env.store.user_ids(name)  # hpuser's in this cluster
     try:
-        mk = p.exec(target, ["install", "-d", "-o", str(DEFAULT_UID), "-g", str(DEFAULT_UID), home, jobdir])
+        mk = p.exec(target, ["install", "-d", "-o", DEFAULT_USER, "-g", DEFAULT_USER, home, jobdir])
         if mk.exit_code != 0:
             raise OperationFailed(f"cannot make {jobdir} on {target}: {mk.output.strip()}")
-        files = {stem: (script.read_bytes(), 0o755, DEFAULT_UID), f"{stem}.out": (b"", 0o644, DEFAULT_UID)}
+        files = {stem: (script.read_bytes(), 0o755, uid), f"{stem}.out": (b"", 0o644, uid)}
         p.put_files(target, jobdir, files)
     except EngineError as e:
         raise OperationFailed(f"cannot copy the script to {target}: {e}") from None
@@ -103,7 +104,7 @@ def submit(
     try:
         job = _wait_job(cluster, job_id, time.monotonic() + timeout)
     finally:  # stop the follower (it reads the file once more), also on timeout or ^C
-        p.put_files(target, jobdir, {f"{stem}.done": (b"", 0o644, DEFAULT_UID)})
+        p.put_files(target, jobdir, {f"{stem}.done": (b"", 0o644, uid)})
         follower.join(10)
     if job is None:
         cluster.slurm.cancel(target, job_id, DEFAULT_USER)

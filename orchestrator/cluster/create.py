@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -40,7 +41,16 @@ from ..core.launcher import Launcher
 from ..docker import images as image_sets  # read at each call: a test may narrow a set
 from ..errors import BadInput, HpError, LaunchError, OperationFailed, WaitTimeout
 from ..gpu.thresholds import thresholds_checked
-from ..naming import L_HOME, container_name, database_volume, labels, network_name, shared_volume, state_volume
+from ..naming import (
+    L_HOME,
+    container_name,
+    database_volume,
+    labels,
+    network_name,
+    shared_volume,
+    state_volume,
+    user_ids,
+)
 from ..services.accounting import CreateServices, controller_files, forget_secrets
 from ..slurm.conf import render
 from ..slurm.model import SlurmNode
@@ -186,6 +196,7 @@ def create(env: Env, spec: ClusterSpec, opts: CreateOptions, progress: Progress 
         name, spec.model_dump(exclude_none=True), ClusterStatus.CREATING, f"{mode} provisioning"
     ):
         raise BadInput(f"a cluster named {name!r} already exists", "name in use")
+    env.store.set_user_ids(name, *user_ids(os.environ, os.getuid(), os.getgid()))  # before any node
     cluster = Cluster(env, name, spec)
     with env.agents.creation_lock(name):  # no agent may act on the cluster while it is being made
         seen = _create_and_record(cluster, images, opts, progress)

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from ..core.context import Env
 from ..errors import BadInput, OperationFailed
-from ..naming import DEFAULT_UID, container_name
+from ..naming import DEFAULT_USER, container_name
 from .target import default_login, find_node, identity
 
 Write = Callable[[bytes, bool], None]  # (data, is stderr)
@@ -56,7 +56,7 @@ def run_exec(
     user, workdir, environment = identity(root)
     p = env.provider
     if not root and controller:
-        p.exec(container, ["install", "-d", "-o", str(DEFAULT_UID), "-g", str(DEFAULT_UID), workdir])
+        p.exec(container, ["install", "-d", "-o", DEFAULT_USER, "-g", DEFAULT_USER, workdir])
     if interactive:
         return p.exec_interactive(container, cmd, user=user, workdir=workdir, environment=environment)
     handle = p.exec_stream(container, cmd, user=user, workdir=workdir, environment=environment)

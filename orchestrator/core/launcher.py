@@ -117,6 +117,8 @@ class Launcher:
         node = node_name(group.InstanceGroupName, index)
         # HP_ROLE set here too: a user's image FROM hp's worker image serves a login group as well
         env = {"HP_CONTROLLER": c.controller_node, "HP_CLUSTER": c.name, "HP_ROLE": role}
+        # hpuser's uid and gid on every node (hp-entry writes them before any daemon starts)
+        env["HP_USER_UID"], env["HP_USER_GID"] = (str(i) for i in c.store.user_ids(c.name))
         vols = {shared_volume(c.name): "/home"}
         binds = [f"{m.Source}:{m.target}:{'ro' if m.ReadOnly else 'rw'}" for m in c.spec.Mounts or ()]
         wiring, gpu_labels, gres = self.gpu_setup(gpus, host) if gpus else (None, {}, None)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import waits
+from ..naming import DEFAULT_UID
 from . import phases
 from .home import DB_NAME, cluster_folder, hp_home
 from .phases import Phase
@@ -161,6 +162,10 @@ class HostRow:
 
     def opt(self, key: str, default: Any = None) -> Any:
         return self.doc.get(key, default)
+
+
+def _user_key(cluster: str) -> str:
+    return f"user:{cluster}"
 
 
 def iso(t: float) -> str:
@@ -306,6 +311,7 @@ class Store:
             db.execute("DELETE FROM node_status WHERE cluster=?", (name,))
             db.execute("DELETE FROM operations WHERE cluster=?", (name,))
             db.execute("DELETE FROM node_hosts WHERE cluster=?", (name,))
+            db.execute("DELETE FROM kv WHERE key=?", (_user_key(name),))
 
     def cluster_dir(self, name: str) -> Path:
         d = cluster_folder(self.home, name)
@@ -487,6 +493,16 @@ class Store:
             self._x("DELETE FROM kv WHERE key=?", (key,))
         else:
             self._x("INSERT INTO kv VALUES (?,?) ON CONFLICT(key) DO UPDATE SET value=excluded.value", (key, value))
+
+    def set_user_ids(self, cluster: str, uid: int, gid: int) -> None:
+        """The uid and gid of the cluster's hpuser (naming.user_ids), fixed at its create."""
+        self.put(_user_key(cluster), f"{uid}:{gid}")
+
+    def user_ids(self, cluster: str) -> tuple[int, int]:
+        """The uid and gid of the cluster's hpuser; the image's for a cluster made before
+        they were recorded."""
+        uid, _, gid = (self.get(_user_key(cluster)) or f"{DEFAULT_UID}:{DEFAULT_UID}").partition(":")
+        return int(uid), int(gid)
 
     # -- registered hosts (multi-host) ----------------------------------------------------
     def add_host(self, name: str, url: str, doc: dict[str, Any]) -> bool:

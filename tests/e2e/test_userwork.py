@@ -5,13 +5,22 @@ login node."""
 
 from __future__ import annotations
 
+import grp
 import hashlib
+import os
+import pwd
 import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
 from pathlib import Path
+
+import pytest
 
 from orchestrator.docker.engine import DockerEngine
 from orchestrator.docker.images import Images
-from tests.conftest import slurm_release, small_spec, write_spec
+from tests.conftest import ROOT, slurm_release, small_spec, write_spec
 
 CLIENTS_IMAGE = Path(__file__).resolve().parent.parent / "fixtures" / "clients-image"
 HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
@@ -41,7 +50,7 @@ def test_mounted_folder_is_shared_by_host_login_and_compute_nodes(hp, tmp_path):
     name = hp.name("mnt")
     shared = tmp_path / "checkout"
     shared.mkdir()
-    shared.chmod(0o777)  # the job runs as hpuser (uid 1000)
+    shared.chmod(0o777)  # hp runs as root here: hpuser keeps the image's uid 1000 (test below: a user's)
     (shared / "from-host.txt").write_text("host was here\n")
     ro = tmp_path / "ro"
     ro.mkdir()
@@ -56,6 +65,89 @@ def test_mounted_folder_is_shared_by_host_login_and_compute_nodes(hp, tmp_path):
     # Target other than the Source's path; the controller does not get the mounts
     assert hp("exec", name, "--", "srun", "-N1", "-p", "cpu", "ls", "-d", "/data", check=True).stdout == "/data\n"
     assert hp("exec", name, "--node", "controller-1", "--", "test", "-e", str(shared)).returncode == 1
+
+
+def test_a_users_hp_create_gives_the_jobs_files_in_a_mount_to_that_user(hp, tmp_path):
+    """Issue 46 item 2: a CI runner's user (not root, uid 1001 on GitHub's runners, with
+    Docker access) runs `hp create --mount "$PWD"` on its checkout, a folder of its own
+    (0755, no chmod): jobs write there, and what they write belongs to that user, who can
+    remove it. Run here as a user made for the test, in the socket's group."""
+    if os.geteuid() != 0:
+        pytest.skip("adding a user needs root")
+    sock = Path(os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock").removeprefix("unix://"))
+    if not sock.exists() or sock.stat().st_gid == 0:
+        pytest.skip("no local Docker socket with a group of its own")
+    uid = next(i for i in range(1001, 1100) if not _taken(pwd.getpwuid, i) and not _taken(grp.getgrgid, i))
+    user = f"hpci{uid}"
+    name = hp.name("own")
+    base = Path(tempfile.mkdtemp(prefix="hp-user-", dir="/tmp"))  # pytest's tmp_path is root's alone
+    subprocess.run(["groupadd", "-g", str(uid), user], check=True)
+    try:
+        group = grp.getgrgid(sock.stat().st_gid).gr_name
+        subprocess.run(["useradd", "-M", "-u", str(uid), "-g", str(uid), "-G", group, user], check=True)
+        checkout, home = base / "checkout", base / "hp-home"
+        for d in (base, checkout, home):
+            d.mkdir(exist_ok=True)
+            os.chown(d, uid, uid)
+            d.chmod(0o755)
+        spec = write_spec(base / "s.json", small_spec(name, [("cpu", "cpu.nano", 1)]))
+        python, more = _python_for(user)
+        env = {**hp.env, "HP_HOME": str(home), "HOME": str(base), **more}
+
+        def as_user(*args: str) -> subprocess.CompletedProcess[str]:
+            argv = ["runuser", "-u", user, "--", *python, "-m", "orchestrator.cli", *args]
+            return subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+        try:
+            r = as_user("create", "-f", str(spec), "--no-accounting", "--mount", str(checkout))
+            assert r.returncode == 0, r.stderr
+            job = f"mkdir {checkout}/cache && echo from-job > {checkout}/cache/result && id -u && id -g"
+            r = as_user("exec", name, "--", "srun", "-N1", "-p", "cpu", "bash", "-c", job)
+            assert (r.returncode, r.stdout.split()) == (0, [str(uid), str(uid)]), r.stderr
+            script = base / "job.sh"
+            script.write_text(f"#!/bin/bash\necho submitted > {checkout}/submitted\nls -n {checkout}/submitted\n")
+            r = as_user("submit", name, str(script), "--partition", "cpu")
+            assert r.returncode == 0 and f" {uid} {uid} " in r.stdout, (r.stdout, r.stderr)
+            for f in (checkout / "cache", checkout / "cache" / "result", checkout / "submitted"):
+                st = f.stat()
+                assert (st.st_uid, st.st_gid) == (uid, uid), f
+            assert (checkout / "cache" / "result").read_text() == "from-job\n"
+            # hpuser's home on the shared /home is that user's too
+            r = as_user("exec", name, "--", "stat", "-c", "%u:%g", "/home/hpuser")
+            assert r.stdout.strip() == f"{uid}:{uid}", r.stderr
+            r = subprocess.run(["runuser", "-u", user, "--", "rm", "-r", str(checkout / "cache")], capture_output=True)
+            assert r.returncode == 0 and not (checkout / "cache").exists(), r.stderr
+        finally:
+            as_user("delete", name)
+    finally:
+        subprocess.run(["userdel", user], capture_output=True)
+        subprocess.run(["groupdel", user], capture_output=True)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _python_for(user: str) -> tuple[list[str], dict[str, str]]:
+    """The interpreter the user runs hp with, and its environment: this one where the user
+    may run it (a venv of the system's Python, as `make venv` makes on a fresh machine); else
+    the system's python3 of the same version on this venv's packages (a Python kept in
+    root's home, as on the development machine)."""
+    if subprocess.run(["runuser", "-u", user, "--", sys.executable, "-c", ""], capture_output=True).returncode == 0:
+        return [sys.executable], {}
+    system = "/usr/bin/python3"
+    want = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    r = subprocess.run(
+        [system, "-c", "import sys; print(*sys.version_info[:2], sep='.')"], capture_output=True, text=True
+    )
+    if r.stdout.strip() != want:
+        pytest.skip(f"the user can run neither {sys.executable} nor a system Python {want}")
+    return [system], {"PYTHONPATH": f"{ROOT}:{sysconfig.get_paths()['purelib']}"}
+
+
+def _taken(lookup, i: int) -> bool:
+    try:
+        lookup(i)
+        return True
+    except KeyError:
+        return False
 
 
 def test_bad_mounts_and_packages_create_nothing(hp, tmp_path):

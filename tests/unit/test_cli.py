@@ -335,7 +335,7 @@ def test_exec_runs_on_the_login_node_as_the_default_user_and_exits_with_its_code
     assert hp("exec", "lab", "--", "false").code == 7
     # the controller has no shared /home: the default user's home is made there first
     assert hp("exec", "lab", "--node", "controller-1", "--", "true").code == 0
-    assert ("exec", "install -d -o 1000 -g 1000 /home/hpuser") in hp.w.provider.calls
+    assert ("exec", "install -d -o hpuser -g hpuser /home/hpuser") in hp.w.provider.calls
 
 
 def test_exec_on_a_chosen_node_as_root(hp: Hp, execs: list) -> None:
