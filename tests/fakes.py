@@ -50,7 +50,7 @@ from orchestrator.docker.views import (
 from orchestrator.errors import EngineError, EngineUnavailable, ObjectMissing, OperationFailed
 from orchestrator.naming import L_CLUSTER, L_MANAGED
 from orchestrator.releases import DEFAULT
-from orchestrator.slurm.model import AccountingPing, AcctJob, AutoResumeRetry, JobInfo, SlurmNode
+from orchestrator.slurm.model import AccountingPing, AcctJob, AutoResumeRetry, JobInfo, OrphanJob, SlurmNode
 from orchestrator.state.store import Store
 
 _ids = itertools.count(1)
@@ -541,6 +541,9 @@ class FakeSlurm:
         self.job_nodes: dict[int, tuple[str, ...]] = {}  # running jobs' nodes (note_jobs)
         self.notes: dict[int, str] = {}  # hp's notes on jobs (AdminComment)
         self.retries: list[AutoResumeRetry] = []  # srun --auto-resume retries slurmctld knows
+        self.batch_hosts: dict[int, str] = {}  # running batch jobs' batch hosts (orphan_jobs)
+        self.requeued: list[int] = []
+        self.no_requeue: set[int] = set()  # jobs Slurm refuses to requeue (--no-requeue)
 
     def _check(self) -> None:
         if not self.up:
@@ -612,6 +615,35 @@ class FakeSlurm:
         for j in jobs:
             self.notes[j] = note
         self.calls.append(("note_jobs", tuple(map(str, jobs))))
+
+    def orphan_jobs(self) -> list[OrphanJob]:
+        """As slurmctld with --no-kill jobs: a node set DOWN or deleted leaves its jobs,
+        the batch host too, and the job runs on."""
+        self._check()
+        gone = {n for n, sn in self.nodes_.items() if sn.base == "DOWN"}
+        return [
+            OrphanJob(j, host)
+            for j, host in sorted(self.batch_hosts.items())
+            if j not in self.requeued and (host in gone or host not in self.nodes_)
+        ]
+
+    def requeue(self, job_id: int) -> bool:
+        self._check()
+        self.calls.append(("requeue", (str(job_id),)))
+        if job_id in self.no_requeue:
+            return False
+        self.requeued.append(job_id)
+        return True
+
+    def release_requeued(self, resumed: set[int]) -> list[int]:
+        self._check()
+        self.calls.append(("release_requeued", tuple(map(str, sorted(resumed)))))
+        return list(self.requeued)
+
+    def kill_job(self, job_id: int) -> None:
+        self._check()
+        self.calls.append(("kill_job", (str(job_id),)))
+        self.batch_hosts.pop(job_id, None)
 
     def auto_resume_retries(self) -> list[AutoResumeRetry]:
         self._check()

@@ -12,13 +12,16 @@
  * every node still in the job failed by itself (its exit code, a cancel of the step, a
  * time limit) and is not retried.
  *
- * The retry: once as many nodes of the job's partition are idle as it lost (the one hp
- * brought back under the same name, or any idle one), the job is grown back to its size
- * with a job that expands it (salloc --dependency=expand:JOB, SchedulerParameters=
- * permit_job_expansion), which Slurm starts at its submission or waits for healthy nodes,
- * both within --auto-resume-timeout seconds (default 600); then the step is started again, with
- * the same arguments and HP_AUTO_RESUME_ATTEMPT=<attempt> in its environment, so that a
- * script can resume from its last checkpoint.
+ * The retry: once the nodes it lost are idle again (hp brings a node back under its
+ * name; waited for half of --auto-resume-timeout, at most 30 s), the job is grown back to
+ * its size with a job that expands it by those nodes, or by any when they did not come
+ * (salloc --dependency=expand:JOB, SchedulerParameters=permit_job_expansion), which Slurm
+ * starts at its submission or waits for healthy nodes, within --auto-resume-timeout
+ * seconds (default 600); then the step is started again, with the same arguments and
+ * HP_AUTO_RESUME_ATTEMPT=<attempt> in its environment, so that a script can resume from
+ * its last checkpoint. A retry that cannot launch on the job grown back (Slurm 24.11
+ * keeps an expanded job's old node addresses: see grow) requeues the job: it runs again
+ * from the top of its script, its steps from their checkpoints.
  *
  * How: srun itself becomes the supervisor (slurm_spank_init_post_opt, before srun
  * starts any thread): it runs the step as a child srun (this srun's own binary and
@@ -335,11 +338,11 @@ static int saw_grant(const char *buf, void *arg)
 	return 0; /* read on to its end: salloc --no-shell exits by itself once granted */
 }
 
-/* Idle nodes of `partition` now (sinfo, one line a node), or -1. */
-static int idle_nodes(const char *partition)
+/* The lost nodes (a hostlist) that are idle now (sinfo, one line a node), or -1. */
+static int idle_of(const char *nodes)
 {
 	char out[OUT_MAX];
-	char *argv[] = { "sinfo", "-h", "-N", "-t", "idle", "-o", "%N", "-p", (char *) partition, NULL };
+	char *argv[] = { "sinfo", "-h", "-N", "-t", "idle", "-o", "%N", "-n", (char *) nodes, NULL };
 	int n = 0;
 
 	if (run(argv, out, sizeof(out), 0, 30, NULL, NULL) != 0)
@@ -350,33 +353,39 @@ static int idle_nodes(const char *partition)
 	return n;
 }
 
-/* Until `count` nodes of the job's partition are idle, polled every 0.1 s, for at most
- * limit_s. Slurm tries a new job at its submission, then only in its scheduling passes
- * (sched_interval): a node back as a new dynamic node starts none, so a job that expands
- * another, submitted before the node came back, waited up to 2 s more for a pass. */
-static void wait_idle(const struct job *j, int count, double limit_s)
+/* Until the `count` lost nodes (a hostlist) are idle again, polled every 0.1 s for at
+ * most limit_s (hp brings a node back under its name); 1 when they are. Slurm tries a
+ * new job at its submission, then only in its scheduling passes (sched_interval): a node
+ * back as a new dynamic node starts none, so a job that expands another, submitted
+ * before the node came back, waited up to 2 s more for a pass. */
+static int wait_idle(const char *lost, int count, double limit_s)
 {
 	double end = now_s() + limit_s;
 	struct timespec pause = { 0, 100 * 1000 * 1000 };
 
-	if (!*j->partition)
-		return;
 	for (;;) {
-		int n = idle_nodes(j->partition);
+		int n = idle_of(lost);
 
-		if (n < 0 || n >= count || now_s() >= end)
-			return;
+		if (n >= count)
+			return 1;
+		if (n < 0 || now_s() >= end)
+			return 0;
 		nanosleep(&pause, NULL);
 	}
 }
 
-/* Grow job `jobid` by `count` nodes (a job that expands it); 0 on success. */
-static int grow(const char *jobid, const struct job *j, int count, const char *note, char *why, size_t len)
+/* Grow job `jobid` by `count` nodes (a job that expands it): the very nodes it lost
+ * (`lost`, comma separated) once hp brought them back, else any; 0 on success.
+ * Why the same nodes: Slurm 24.11 keeps an expanded job's node addresses from before
+ * (a step's launch for a node that joined goes to the address of the one that left:
+ * "Invalid node name specified"); a node back under its name has its address back. */
+static int grow(const char *jobid, const struct job *j, const char *lost, int count, const char *note, char *why,
+		size_t len)
 {
 	char n[16], dep[64], tmp[] = "/tmp/hp-auto-resume-XXXXXX", out[OUT_MAX], cwd[PATH_MAX], comment[1100];
 	char upd_b[64], upd_j[64];
 	struct granted g = { "" };
-	char *argv[20];
+	char *argv[24];
 	int k = 0, rc;
 
 	snprintf(n, sizeof(n), "%d", count);
@@ -404,11 +413,15 @@ static int grow(const char *jobid, const struct job *j, int count, const char *n
 		argv[k++] = "-q";
 		argv[k++] = (char *) j->qos;
 	}
-	argv[k] = NULL;
 	{
 		double t0 = now_s(), left;
+		double limit = timeout_s / 2.0 < 30 ? timeout_s / 2.0 : 30; /* the rest: salloc's own wait */
 
-		wait_idle(j, count, timeout_s < 30 ? timeout_s : 30);
+		if (wait_idle(lost, count, limit)) {
+			argv[k++] = "-w";
+			argv[k++] = (char *) lost;
+		}
+		argv[k] = NULL;
 		left = timeout_s - (now_s() - t0);
 		rc = run(argv, out, sizeof(out), 1, left > 1 ? left : 1, saw_grant, &g);
 	}
@@ -498,15 +511,31 @@ static void set_env_int(const char *name, int v)
 	setenv(name, s, 1);
 }
 
-/* One run of the step: its exit status (as a shell reports it); its step id in *step. */
-static int run_step(char **argv, int attempt, char *step, size_t len)
+/* Does srun's line say its step could not be launched on a node? */
+static int launch_failure(const char *line)
 {
-	int fds[2], status = 0;
-	char buf[64] = "";
-	ssize_t n, used = 0;
+	return (strstr(line, "Task launch for StepId=") && strstr(line, " failed on node ")) ||
+	       strstr(line, "Application launch failed");
+}
 
+/* One run of the step: its exit status (as a shell reports it); its step id in *step.
+ * srun's stderr passes through (line by line, as it comes) so that a launch failure is
+ * seen: *launch_failed. */
+static int run_step(char **argv, int attempt, char *step, size_t len, int *launch_failed)
+{
+	int fds[2], errs[2], status = 0, open_fds = 2;
+	char buf[64] = "", line[4096];
+	ssize_t n, used = 0;
+	size_t lused = 0;
+
+	*launch_failed = 0;
 	if (pipe(fds))
 		return 1;
+	if (pipe(errs)) {
+		close(fds[0]);
+		close(fds[1]);
+		return 1;
+	}
 	child = fork();
 	if (child < 0) {
 		child = 0;
@@ -517,6 +546,9 @@ static int run_step(char **argv, int attempt, char *step, size_t len)
 		sigset_t none;
 
 		close(fds[0]);
+		close(errs[0]);
+		dup2(errs[1], 2);
+		close(errs[1]);
 		snprintf(fd, sizeof(fd), "%d", fds[1]);
 		setenv("HP_AUTO_RESUME_CHILD", fd, 1);
 		set_env_int("HP_AUTO_RESUME_ATTEMPT", attempt);
@@ -528,15 +560,59 @@ static int run_step(char **argv, int attempt, char *step, size_t len)
 		_exit(127);
 	}
 	close(fds[1]);
-	while ((n = read(fds[0], buf + used, sizeof(buf) - 1 - used)) != 0) {
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0)
+	close(errs[1]);
+	while (open_fds) {
+		struct pollfd p[2] = { { .fd = fds[0], .events = POLLIN }, { .fd = errs[0], .events = POLLIN } };
+		char chunk[4096];
+
+		if (poll(p, 2, -1) < 0) {
+			if (errno == EINTR)
+				continue;
 			break;
-		used += n;
+		}
+		if (p[0].revents && p[0].fd >= 0) {
+			n = read(fds[0], buf + used, sizeof(buf) - 1 - used);
+			if (n < 0 && errno == EINTR)
+				continue;
+			if (n <= 0 || used + n >= (ssize_t) sizeof(buf) - 1) {
+				if (n > 0)
+					used += n;
+				close(fds[0]);
+				fds[0] = -1;
+				open_fds--;
+			} else {
+				used += n;
+			}
+		}
+		if (p[1].revents && errs[0] >= 0) {
+			n = read(errs[0], chunk, sizeof(chunk));
+			if (n < 0 && errno == EINTR)
+				continue;
+			if (n <= 0) {
+				close(errs[0]);
+				errs[0] = -1;
+				open_fds--;
+				continue;
+			}
+			if (write(2, chunk, n) < 0) {
+			}
+			for (ssize_t i = 0; i < n; i++) {
+				if (chunk[i] == '\n' || lused + 1 >= sizeof(line)) {
+					line[lused] = '\0';
+					if (launch_failure(line))
+						*launch_failed = 1;
+					lused = 0;
+				} else {
+					line[lused++] = chunk[i];
+				}
+			}
+		}
 	}
+	if (fds[0] >= 0)
+		close(fds[0]);
+	if (errs[0] >= 0)
+		close(errs[0]);
 	buf[used] = '\0';
-	close(fds[0]);
 	while (waitpid(child, &status, 0) < 0 && errno == EINTR)
 		;
 	child = 0;
@@ -547,6 +623,23 @@ static int run_step(char **argv, int attempt, char *step, size_t len)
 	return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
 }
 
+/* The job, grown back, cannot launch its step (Slurm 24.11: see grow): requeue it, so it
+ * runs again from the top of its script, its --auto-resume steps from their checkpoints.
+ * The requeue ends this srun with the job; returns only when Slurm refused it. */
+static void requeue_self(const char *jobid)
+{
+	char out[OUT_MAX];
+	char *argv[] = { "scontrol", "requeue", (char *) jobid, NULL };
+
+	if (run(argv, out, sizeof(out), 1, 30, NULL, NULL) != 0) {
+		chomp(out);
+		fprintf(stderr, "hp: job %s could not be requeued: %.300s\n", jobid, out);
+		return;
+	}
+	for (int i = 0; i < 600; i++) /* until the requeue ends this srun */
+		sleep(1);
+}
+
 static void supervise(void)
 {
 	const char *jobid = getenv("SLURM_JOB_ID");
@@ -554,7 +647,7 @@ static void supervise(void)
 	struct job before, after;
 	struct sigaction sa;
 	sigset_t fwd;
-	int attempt = 0, rc;
+	int attempt = 0, rc, launch_failed;
 
 	if (!argv) {
 		slurm_error("hp: --auto-resume: cannot read srun's own arguments; the step runs once");
@@ -578,9 +671,18 @@ static void supervise(void)
 			slurm_error("hp: --auto-resume: squeue does not answer for job %s; the step runs once", jobid);
 			before.nodes = -1;
 		}
-		rc = run_step(argv, attempt, step, sizeof(step));
+		rc = run_step(argv, attempt, step, sizeof(step), &launch_failed);
 		if (rc == 0 || before.nodes < 0)
 			_exit(rc);
+		if (launch_failed && attempt > 0) {
+			fprintf(stderr,
+				"hp: step %s of job %s could not start on the job grown back (its nodes' addresses are "
+				"Slurm's from before); the job is requeued and runs again from the top of its script\n",
+				step, jobid);
+			fflush(stderr);
+			requeue_self(jobid);
+			_exit(rc);
+		}
 		t_end = now_s();
 		if (job_now(jobid, &after) || after.nodes >= before.nodes ||
 		    lost_nodes(names, after.nodelist, lost, sizeof(lost)) <= 0)
@@ -599,7 +701,10 @@ static void supervise(void)
 		fprintf(stderr, "hp: retrying step %s of job %s after %s failed (%s), attempt %d of %d\n",
 			step, jobid, lost, why, attempt, retries);
 		fflush(stderr);
-		if (grow(jobid, &before, before.nodes - after.nodes, note, why, sizeof(why))) {
+		for (char *c = lost; *c; c++) /* a hostlist for sinfo and salloc */
+			if (*c == ' ')
+				*c = ',';
+		if (grow(jobid, &before, lost, before.nodes - after.nodes, note, why, sizeof(why))) {
 			fprintf(stderr, "hp: step %s of job %s not retried: %s\n", step, jobid, why);
 			_exit(rc);
 		}

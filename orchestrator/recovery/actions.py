@@ -21,7 +21,7 @@ from ..docker.views import Container
 from ..errors import TRANSIENT, BadInput, LaunchError, OperationFailed
 from ..naming import ROLE_BY_NODE_TYPE, node_id, split_node
 from ..services.accounting import before_controller_start
-from ..slurm.model import ONSTART_REASON, REBOOTING_REASON, SlurmNode, job_note
+from ..slurm.model import ONSTART_REASON, REBOOTING_REASON, REQUEUED_NOTE, SlurmNode, job_note
 from ..state.phases import Phase, allowed, owner
 
 POLL_S = 0.2
@@ -254,11 +254,13 @@ def _forget(cluster: Cluster, t: Target, what: str) -> None:
     if Slurm still refuses, the old record revives on registration (ReturnToService=2)
     and is resumed (wait_usable: REBOOTING_REASON is hp's). Each of those jobs gets hp's
     note of `what` it did to the node and why (job_note): an `srun --auto-resume` step
-    that runs again says why its node was lost."""
+    that runs again says why its node was lost. A job whose batch host this was runs
+    again (rerun_orphans)."""
     if t.role != "worker":
         return
     try:
         cluster.slurm.delete([t.node])
+        rerun_orphans(cluster, {t.node: what})
         return
     except OperationFailed:
         pass
@@ -273,9 +275,39 @@ def _forget(cluster: Cluster, t: Target, what: str) -> None:
                 cluster.slurm.note_jobs(jobs, job_note(t.node, what))
             except OperationFailed:
                 pass  # a job without hp's note: its retry says the node was lost
+        rerun_orphans(cluster, {t.node: what})
         cluster.slurm.delete([t.node])
     except OperationFailed:
         pass
+
+
+def rerun_orphans(cluster: Cluster, why: dict[str, str]) -> list[int]:
+    """The running jobs whose batch host is no longer one of their nodes (one hp takes,
+    or one Slurm took by itself; `why`: what happened to which node): their script died with it, and a
+    --no-kill job (what an `srun --auto-resume` script gets) would otherwise hold its
+    other nodes for good with nothing running. Each is requeued (it runs again from the
+    top of its script, its --auto-resume steps from their checkpoints) or, when Slurm
+    refuses (--no-requeue), cancelled; hp's note on it and a Job event say which and why.
+    Returns the jobs handled."""
+    try:
+        orphans = cluster.slurm.orphan_jobs()
+    except OperationFailed:
+        return []
+    for o in orphans:
+        lost = f"{why.get(o.batch_host, 'left the job')}; it was the job's batch host"
+        try:
+            if cluster.slurm.requeue(o.job_id):
+                done, level = f"{lost}: {REQUEUED_NOTE}", "Warning"
+            else:
+                cluster.slurm.kill_job(o.job_id)
+                done, level = f"{lost} and the job cannot be requeued (--no-requeue): it was cancelled", "Error"
+            cluster.slurm.note_jobs([o.job_id], job_note(o.batch_host, done))
+        except OperationFailed as e:  # the controller stopped answering: the next look finds it again
+            done, level = f"{lost}: Slurm took neither hp's requeue nor its cancel ({str(e)[:200]})", "Error"
+        cluster.store.event(
+            cluster.name, "Job", level, f"job {o.job_id}: {o.batch_host} {done}", None, None, o.batch_host
+        )
+    return [o.job_id for o in orphans]
 
 
 def _images(cluster: Cluster, t: Target) -> dict[str, str]:

@@ -17,7 +17,7 @@ from typing import Any
 from ..core.context import Cluster, Env
 from ..docker.views import Event
 from ..errors import TRANSIENT, EngineError, EngineUnavailable, report_bug
-from ..slurm.model import SlurmNode
+from ..slurm.model import DOWN, SlurmNode
 from ..state.transitions import ClusterStatus
 from . import actions
 from .rules import (
@@ -120,6 +120,13 @@ class RecoveryWatcher:
         with self._lock:
             self._snodes = snodes
             watch_retries = answered and at < self._retries_until
+        if down := sorted(n for n, sn in snodes.items() if sn.base == DOWN):
+            # Slurm took them out of their jobs: a --no-kill job whose batch host one
+            # was runs on with nothing in it unless it runs again (hp's own reboots and
+            # replaces do this before they delete a node, rerun_orphans)
+            why = {n: f"is down in Slurm ({snodes[n].reason or 'no reason'})" for n in down}
+            actions.rerun_orphans(self.cluster, why)
+            watch_retries = True  # a job that lost one may be retried or requeued
         if watch_retries:
             self._record_retries()
         recorded = self.env.store.latest_phases(self.name)
@@ -137,12 +144,16 @@ class RecoveryWatcher:
 
     def _record_retries(self) -> None:
         """Each `srun --auto-resume` retry Slurm shows (the job that grew its job back) once
-        as a Job event."""
+        as a Job event; the jobs hp requeued (their batch host was lost) start without
+        Slurm's hold."""
         try:
             retries = self.cluster.slurm.auto_resume_retries()
+            released = self.cluster.slurm.release_requeued({j for r in retries if (j := r.resumed_job)})
         except TRANSIENT as e:
             log.info("auto-resume retries of %s: %s", self.name, e)
             return
+        for j in released:
+            log.info("job %s, requeued by hp, starts without Slurm's hold", j)
         for r in retries:
             if r.job_id not in self._retries_seen:
                 self._retries_seen.add(r.job_id)

@@ -20,15 +20,19 @@ from .model import (
     AcctJob,
     AutoResumeRetry,
     JobInfo,
+    OrphanJob,
     SlurmNode,
     parse_accounting_ping,
     parse_auto_resume,
+    parse_held_requeued,
     parse_job_ids,
     parse_job_states,
     parse_jobs,
     parse_nodes,
+    parse_orphans,
     parse_sacct,
     parse_token,
+    requeued_by_hp,
 )
 
 
@@ -61,6 +65,23 @@ class Slurm(Protocol):
 
     def note_jobs(self, jobs: list[int], note: str) -> None:
         """Write hp's `note` (model.job_note) on the jobs (their AdminComment)."""
+
+    def orphan_jobs(self) -> list[OrphanJob]:
+        """The running batch jobs whose batch host is no longer one of their nodes (a
+        --no-kill job keeps running when Slurm takes a node out of it, its batch host too)."""
+
+    def requeue(self, job_id: int) -> bool:
+        """End a running job and queue it again; it starts again from the top of its
+        script as soon as nodes are free. False when Slurm refuses (not requeueable)."""
+
+    def kill_job(self, job_id: int) -> None:
+        """Cancel a job as the administrator."""
+
+    def release_requeued(self, resumed: set[int]) -> list[int]:
+        """Start now the requeued jobs that Slurm holds until a begin time (cred_expire +
+        1 s, 121 s by default, set once the requeue ended): those hp requeued, and those
+        `resumed` (an `srun --auto-resume` of theirs grew them back: one whose step could
+        not start then requeues itself). Their ids."""
 
     def auto_resume_retries(self) -> list[AutoResumeRetry]:
         """The retries of `srun --auto-resume` steps slurmctld still knows (MinJobAge)."""
@@ -104,6 +125,7 @@ class Slurm(Protocol):
 COMMAND_TIMEOUT_S = 30
 PING_TIMEOUT_S = 10
 TIMED_OUT = 124  # timeout(1)'s exit status when the command ran out of time
+REQUEUE_START_S = 1  # a job hp requeued starts again this many seconds on (release_requeued)  # timeout(1)'s exit status when the command ran out of time
 
 
 def bounded(cmd: list[str], seconds: int = COMMAND_TIMEOUT_S) -> list[str]:
@@ -175,6 +197,32 @@ class SlurmCli:
     def note_jobs(self, jobs: list[int], note: str) -> None:
         for j in jobs:
             self._run("scontrol", "update", f"jobid={int(j)}", f"AdminComment={note}")
+
+    def orphan_jobs(self) -> list[OrphanJob]:
+        return parse_orphans(self._run("squeue", "-h", "-t", "R,S", "-o", "%A|%B|%N"))
+
+    def requeue(self, job_id: int) -> bool:
+        try:
+            self._run("scontrol", "requeue", str(int(job_id)))
+        except OperationFailed:
+            return False
+        return True
+
+    def release_requeued(self, resumed: set[int]) -> list[int]:
+        held = parse_held_requeued(self._run("squeue", "-h", "-t", "PD", "-o", "%i|%r"))
+        released = []
+        for j in held:
+            try:
+                if j in resumed or requeued_by_hp(self._run("scontrol", "show", "job", "-o", str(j))):
+                    # the old run's credentials were revoked by time: a start a second on is safe
+                    self._run("scontrol", "update", f"jobid={j}", f"StartTime=now+{REQUEUE_START_S}")
+                    released.append(j)
+            except OperationFailed:  # it started or ended meanwhile, or its nodes are not back yet: next look
+                continue
+        return released
+
+    def kill_job(self, job_id: int) -> None:
+        self._run("scancel", str(int(job_id)))
 
     def auto_resume_retries(self) -> list[AutoResumeRetry]:
         return parse_auto_resume(self._run("squeue", "-h", "-t", "all", "-n", AUTO_RESUME_JOB, "-o", "%i|%k"))

@@ -263,6 +263,9 @@ def parse_sacct(text: str) -> list[AcctJob]:
     return out
 
 
+REQUEUED_NOTE = "the job was requeued and runs again from the top of its script"  # hp's note (rerun_orphans)
+
+
 def job_note(node: str, what: str) -> str:
     """hp's note on a job that held `node` when hp took it (`what`: "rebooted: <why>")."""
     return f"{JOB_NOTE_PREFIX}{node} {what}"[:1000]
@@ -271,6 +274,69 @@ def job_note(node: str, what: str) -> str:
 def parse_job_ids(text: str) -> list[int]:
     """`squeue -h -o %A` lines."""
     return [int(x) for x in text.split() if x.isdigit()]
+
+
+@dataclass(frozen=True)
+class OrphanJob:
+    """A running batch job whose batch host is no longer one of its nodes: its script
+    died with that node, and Slurm keeps a --no-kill job running on the others."""
+
+    job_id: int
+    batch_host: str
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """A Slurm hostlist (`cpu-[1,3-4],login-1`) as names, in order; zero padding kept."""
+    names: list[str] = []
+    depth, start = 0, 0
+    parts = []
+    for i, ch in enumerate(text):
+        depth += ch == "["
+        depth -= ch == "]"
+        if ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    for part in (p.strip() for p in parts):
+        head, sep, rest = part.partition("[")
+        if not sep:
+            if part and part != "(null)":
+                names.append(part)
+            continue
+        ranges, _, tail = rest.partition("]")
+        for r in ranges.split(","):
+            lo, _, hi = r.partition("-")
+            if not lo.isdigit() or (hi and not hi.isdigit()):
+                continue
+            for n in range(int(lo), int(hi or lo) + 1):
+                names.extend(f"{head}{str(n).zfill(len(lo))}{suffix}" for suffix in expand_hostlist(tail) or [""])
+    return names
+
+
+def parse_held_requeued(pending: str) -> list[int]:
+    """`squeue -h -t PD -o %i|%r` lines: the jobs Slurm holds until a begin time (the
+    hold it gives a requeued job: cred_expire + 1 s)."""
+    return [
+        int(i)
+        for i, _, r in (ln.strip().partition("|") for ln in pending.splitlines())
+        if i.isdigit() and r == "BeginTime"
+    ]
+
+
+def requeued_by_hp(show_job: str) -> bool:
+    """`scontrol show job -o` text: a job that ran before and was requeued after hp took
+    one of its nodes (hp's note on it: hp requeued it when its batch host was lost)."""
+    return show_job.partition(" AdminComment=")[2].startswith(JOB_NOTE_PREFIX) and " Restarts=0 " not in show_job
+
+
+def parse_orphans(text: str) -> list[OrphanJob]:
+    """`squeue -h -o %A|%B|%N` lines: the jobs whose batch host is not among their nodes."""
+    out = []
+    for line in text.splitlines():
+        f = line.strip().split("|")
+        if len(f) == 3 and f[0].isdigit() and f[1] and f[1] != "(null)" and f[1] not in expand_hostlist(f[2]):
+            out.append(OrphanJob(int(f[0]), f[1]))
+    return out
 
 
 @dataclass(frozen=True)
@@ -283,6 +349,12 @@ class AutoResumeRetry:
 
     def describe(self) -> str:
         return f"srun --auto-resume: {self.what} (job {self.job_id} grew it back)"
+
+    @property
+    def resumed_job(self) -> int | None:
+        """The job whose step was retried (the plugin's `job=N`)."""
+        head = self.what.partition(" ")[0]
+        return int(head[4:]) if head.startswith("job=") and head[4:].isdigit() else None
 
 
 def parse_auto_resume(text: str) -> list[AutoResumeRetry]:

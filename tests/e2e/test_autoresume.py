@@ -6,7 +6,7 @@ again in the same job, continuing from its checkpoint on the shared /home. A ste
 fails by itself is not retried; one whose retries are used up fails with hp's reason; a
 job without --auto-resume ends as it always did.
 
-One cluster (controller, login, two cpu.nano workers) for the module, its tests in order
+One cluster (controller, login, three cpu.nano workers) for the module, its tests in order
 on one xdist worker.
 """
 
@@ -35,10 +35,11 @@ TRAIN = f"""#!/bin/bash
 ck=$HOME/ck-$SLURM_JOB_ID
 if [ "$SLURM_PROCID" = 0 ]; then
   i=$(cat "$ck" 2>/dev/null || echo 0); from=$i
-  echo "start attempt=${{HP_AUTO_RESUME_ATTEMPT:-none}} from=$i at=$(date +%s.%N) nodes=$SLURM_JOB_NODELIST"
+  echo "start attempt=${{HP_AUTO_RESUME_ATTEMPT:-none}} restart=${{SLURM_RESTART_COUNT:-0}} from=$i at=$(date +%s.%N) nodes=$SLURM_JOB_NODELIST"
   while [ "$i" -lt 600 ]; do
     i=$((i+1)); echo "$i" > "$ck.tmp" && mv "$ck.tmp" "$ck"; echo "step $i"
-    if [ "${{HP_AUTO_RESUME_ATTEMPT:-0}}" -ge 1 ] && [ "$i" -ge $((from+{AFTER})) ]; then break; fi
+    again=$(( ${{HP_AUTO_RESUME_ATTEMPT:-0}} + ${{SLURM_RESTART_COUNT:-0}} ))  # a retried step, or a requeued job
+    if [ "$again" -ge 1 ] && [ "$i" -ge $((from+{AFTER})) ]; then break; fi
     sleep 1
   done
   touch "$ck.done"
@@ -71,8 +72,12 @@ class Lab:
         assert self.container("login-1").put_archive(str(Path(path).parent), buf.getvalue())
 
     def submit(self, name: str, srun: str) -> int:
-        """A two-node batch job whose one step is `srun`; its output in ~/NAME.out."""
-        self.put(f"/home/hpuser/{name}.sh", f"#!/bin/bash\n#SBATCH -N2 -o /home/hpuser/{name}.out\n{srun}\n")
+        """A two-node batch job whose one step is `srun`; its output in ~/NAME.out (a
+        requeued job's runs one after the other)."""
+        self.put(
+            f"/home/hpuser/{name}.sh",
+            f"#!/bin/bash\n#SBATCH -N2 -o /home/hpuser/{name}.out --open-mode=append\n{srun}\n",
+        )
         out = self.sh("sbatch", "--parsable", f"/home/hpuser/{name}.sh")
         return int(out.strip().splitlines()[-1].split(";")[0])
 
@@ -82,6 +87,9 @@ class Lab:
     def checkpoint(self, job: int) -> int:
         out = self.sh("cat", f"/home/hpuser/ck-{job}", check=False).strip()
         return int(out) if out.isdigit() else 0
+
+    def batch_host(self, job: int) -> str:
+        return self.sh("squeue", "-h", "-j", str(job), "-o", "%B").strip()
 
     def other_node(self, job: int) -> str:
         """The job's node that is not its batch host (where srun --auto-resume watches)."""
@@ -93,6 +101,9 @@ class Lab:
         """The job's last accounting record once it ended: (state, exit code)."""
 
         def ended() -> tuple[str, str] | None:
+            now = self.sh("squeue", "-h", "-t", "all", "-j", str(job), "-o", "%T", check=False).split()
+            if not now or now[0] not in ("COMPLETED", "FAILED", "CANCELLED", "NODE_FAIL", "TIMEOUT", "OUT_OF_MEMORY"):
+                return None  # still queued, running or being requeued (a requeued job's first record ended it)
             rows = self.sh("sacct", "-n", "-X", "-P", "-j", str(job), "-o", "State,ExitCode", check=False).split()
             last = rows[-1].split("|") if rows else None
             return (last[0].split()[0], last[1]) if last and last[0] not in ("RUNNING", "RESIZING", "PENDING") else None
@@ -116,7 +127,9 @@ def lab(docker_ok: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[L
     home = tmp_path_factory.mktemp("hphome-ar")
     hp = Hp(home)
     name = hp.name("ar")
-    spec = write_spec(home / "s.json", small_spec(name, [("cpu", "cpu.nano", 2)], login=True, NodeRecovery="Automatic"))
+    # three workers: a job of two that loses one could grow back by the idle third (see
+    # test_a_retry_that_cannot_start_on_the_job_grown_back_requeues_it)
+    spec = write_spec(home / "s.json", small_spec(name, [("cpu", "cpu.nano", 3)], login=True, NodeRecovery="Automatic"))
     try:
         hp("create", "-f", str(spec), "--timeout", "120", check=True)
         lab = Lab(hp, name, docker.from_env())
@@ -134,18 +147,10 @@ def _fault_mid_step(lab: Lab, fault: str, tag: str) -> None:
     node = lab.other_node(job)
     before = lab.checkpoint(job)  # the step goes on until its node is lost: at least this far
     t_fault = time.time()
-    if fault == "kill":
-        lab.container(node).kill()
-    elif fault == "pause":
-        lab.container(node).pause()
-    else:
-        r = lab.container("controller-1").exec_run(  # as the admin (root), as HyperPod's users do
-            ["scontrol", "update", f"nodename={node}", "state=fail", "reason=Action:Replace"]
-        )
-        assert r.exit_code == 0, r.output
+    _inject(lab, fault, node)
     state, code = lab.final(job)
     out = lab.output(tag)
-    starts = re.findall(r"start attempt=(\S+) from=(\d+) at=([\d.]+)", out)
+    starts = re.findall(r"start attempt=(\S+) restart=\d+ from=(\d+) at=([\d.]+)", out)
     retry_lines = [ln for ln in out.splitlines() if ln.startswith("hp: retrying step")]
     print(f"\n{fault}: {node} after checkpoint {before}; {retry_lines}; starts {starts}; job {state} {code}")
     assert state == "COMPLETED" and code == "0:0", out
@@ -179,6 +184,77 @@ def test_a_paused_node_mid_step_is_retried(lab: Lab) -> None:
 
 def test_an_action_replace_request_mid_step_is_retried(lab: Lab) -> None:
     _fault_mid_step(lab, "replace", "replace")
+
+
+def _fault_on_batch_host(lab: Lab, fault: str, tag: str) -> None:
+    """The batch host runs the script and the supervising srun: with it, the job lost
+    more than a step. hp requeues it; it runs again from the top of its script, its step
+    from the checkpoint, and ends COMPLETED: never a job holding nodes with nothing in it."""
+    job = lab.submit(tag, "srun --auto-resume=1 -N2 bash /home/hpuser/train.sh")
+    wait_until(lambda: lab.checkpoint(job) >= 3, 60, f"job {job}'s checkpoint to reach 3")
+    node = lab.batch_host(job)
+    before = lab.checkpoint(job)
+    t_fault = time.time()
+    _inject(lab, fault, node)
+    state, code = lab.final(job)
+    out = lab.output(tag)
+    starts = re.findall(r"start attempt=(\S+) restart=(\d+) from=(\d+) at=([\d.]+)", out)
+    print(f"\n{fault} of batch host {node} after checkpoint {before}: starts {starts}; job {state} {code}")
+    assert state == "COMPLETED" and code == "0:0", out
+    assert [(a, r) for a, r, _, _ in starts] == [("0", "0"), ("0", "1")], out  # the same job, run again
+    resumed = int(starts[1][2])
+    assert resumed >= before >= 3 and lab.checkpoint(job) == resumed + AFTER, out
+    print(f"{fault} of the batch host -> the job's second run's first line: {float(starts[1][3]) - t_fault:.1f} s")
+    restarts = lab.sh("sacct", "-n", "-X", "-P", "-j", str(job), "-o", "Restarts").split()
+    assert restarts[-1] == "1", restarts
+    events = lab.hp("events", lab.name, check=True).stdout
+    assert re.search(rf"job {job}: {node} .*it was the job's batch host: the job was requeued", events), events
+
+
+def _inject(lab: Lab, fault: str, node: str) -> None:
+    if fault == "kill":
+        lab.container(node).kill()
+    elif fault == "pause":
+        lab.container(node).pause()
+    else:
+        r = lab.container("controller-1").exec_run(  # as the admin (root), as HyperPod's users do
+            ["scontrol", "update", f"nodename={node}", "state=fail", "reason=Action:Replace"]
+        )
+        assert r.exit_code == 0, r.output
+
+
+@pytest.mark.parametrize("fault", ["kill", "pause", "replace"])
+def test_a_lost_batch_host_requeues_the_job_which_resumes_from_its_checkpoint(lab: Lab, fault: str) -> None:
+    _fault_on_batch_host(lab, fault, f"batch-{fault}")
+
+
+def test_a_retry_that_cannot_start_on_the_job_grown_back_requeues_it(lab: Lab) -> None:
+    """The lost node does not come back (an admin set it DOWN for a reason of their own,
+    which hp leaves alone): the job grows back by the idle third node. Slurm 24.11 keeps
+    an expanded job's old node addresses, so the retried step's launch on that node goes
+    to the lost one's slurmd and fails ("Invalid node name specified"); the supervisor
+    sees the launch fail and requeues the job, which runs again on healthy nodes from its
+    checkpoint and ends COMPLETED (issue 46: a soak's job ended FAILED 98:0 there)."""
+    job = lab.submit("regrow", "srun --auto-resume=1 --auto-resume-timeout=10 -N2 bash /home/hpuser/train.sh")
+    wait_until(lambda: lab.checkpoint(job) >= 3, 60, f"job {job}'s checkpoint to reach 3")
+    node = lab.other_node(job)
+    before = lab.checkpoint(job)
+    ctl = lab.container("controller-1")
+    r = ctl.exec_run(["scontrol", "update", f"nodename={node}", "state=down", "reason=maintenance by the admin"])
+    assert r.exit_code == 0, r.output
+    try:
+        state, code = lab.final(job)
+    finally:
+        ctl.exec_run(["scontrol", "update", f"nodename={node}", "state=resume"])
+    out = lab.output("regrow")
+    starts = re.findall(r"start attempt=(\S+) restart=(\d+) from=(\d+)", out)
+    print(f"\n{node} down by the admin after checkpoint {before}: starts {starts}; job {state} {code}")
+    assert state == "COMPLETED" and code == "0:0", out
+    assert re.search(rf"hp: retrying step 0 of job {job} after {node} failed", out), out
+    if "could not start on the job grown back" in out:  # Slurm 24.11 (see above)
+        assert starts[-1][1] == "1" and int(starts[-1][2]) >= before, out  # the requeued run, from the checkpoint
+    assert int(starts[-1][2]) >= before >= 3, out
+    wait_until(lambda: "idle" in lab.sh("sinfo", "-h", "-o", "%t", "-n", node), 90, f"{node} idle again")
 
 
 def test_a_step_that_fails_by_itself_is_not_retried(lab: Lab) -> None:

@@ -78,6 +78,57 @@ def test_the_jobs_of_a_node_hp_takes_get_hps_note_first(w):
     assert actions.replace(c, "cpu-1", "requested through Slurm (Action:Replace)", wait=2)
 
 
+@pytest.mark.parametrize("requeueable", [True, False])
+def test_a_job_whose_batch_host_hp_takes_runs_again_or_ends_with_hps_reason(w, requeueable):
+    """A --no-kill job (srun --auto-resume) keeps running when its batch host goes DOWN,
+    with nothing in it: hp requeues it (it runs again from its script) or, when Slurm
+    refuses (--no-requeue), cancels it; its note and a Job event say why."""
+    from dataclasses import replace
+
+    c = Cluster(w.env, "lab")
+    w.slurm.nodes_["cpu-1"] = replace(w.slurm.nodes_["cpu-1"], state=("ALLOCATED",))
+    w.slurm.jobs[7] = w.slurm.jobs[8] = None
+    w.slurm.job_nodes = {7: ("cpu-1", "cpu-2"), 8: ("cpu-1", "cpu-2")}
+    w.slurm.batch_hosts = {7: "cpu-1", 8: "cpu-2"}  # job 8 only lost a node: its step is retried in it
+    if not requeueable:
+        w.slurm.no_requeue.add(7)
+    w.provider.die("lab", "cpu-1")
+    assert actions.reboot(c, "cpu-1", "container died (exit 137)", wait=2)
+    names = [k for k in w.slurm.calls if k[0] in ("down", "requeue", "kill_job", "delete")]
+    if requeueable:
+        assert w.slurm.requeued == [7] and ("kill_job", ("7",)) not in w.slurm.calls
+        assert w.slurm.notes[7] == (
+            "hp: cpu-1 rebooted: container died (exit 137); it was the job's batch host: "
+            "the job was requeued and runs again from the top of its script"
+        )
+    else:
+        assert ("kill_job", ("7",)) in w.slurm.calls
+        assert "cannot be requeued (--no-requeue): it was cancelled" in w.slurm.notes[7]
+    assert names[1:] == [("down", ("cpu-1",)), ("requeue", ("7",)), *names[3:]]  # refused delete, DOWN, requeue
+    assert names[-1] == ("delete", ("cpu-1",))
+    assert 8 not in w.slurm.requeued and w.slurm.notes[8] == "hp: cpu-1 rebooted: container died (exit 137)"
+    jobs = [e for e in w.env.store.events("lab") if e.resource_type == "Job"]
+    assert [e.description.split(":")[0] for e in jobs] == ["job 7"]
+    assert jobs[0].level == ("Warning" if requeueable else "Error")
+
+
+def test_the_watcher_reruns_a_job_whose_batch_host_slurm_set_down_by_itself(w):
+    """NodeRecovery None: hp takes no node, Slurm sets a silent one DOWN (SlurmdTimeout) and
+    keeps its --no-kill job running without it; the watcher's look requeues the job."""
+    from dataclasses import replace
+
+    w.slurm.nodes_["cpu-2"] = replace(w.slurm.nodes_["cpu-2"], state=("DOWN",), reason="Not responding")
+    w.slurm.jobs[9] = None
+    w.slurm.job_nodes = {9: ("cpu-1",)}
+    w.slurm.batch_hosts = {9: "cpu-2"}
+    calls: list = []
+    wt = watcher(w, calls)
+    assert wt.poll()
+    assert w.slurm.requeued == [9]
+    assert w.slurm.notes[9].startswith("hp: cpu-2 is down in Slurm (Not responding); it was the job's batch host")
+    assert wt.poll() and w.slurm.requeued == [9]  # once: a requeued job is no orphan
+
+
 def test_the_watcher_records_each_auto_resume_retry_once_after_it_acted_on_a_worker(w):
     from orchestrator.slurm.model import AutoResumeRetry
 

@@ -386,3 +386,35 @@ def test_note_jobs_and_auto_resume_retries_one_argument_each() -> None:
     ]
     assert s.auto_resume_retries() == [AutoResumeRetry(12, "job=7 step=0 lost=cpu-2 attempt=1 of 1: why")]
     assert p.execs[-1][1] == ["squeue", "-h", "-t", "all", "-n", "hp-auto-resume", "-o", "%i|%k"]
+
+
+def test_orphan_jobs_are_running_jobs_without_their_batch_host() -> None:
+    from orchestrator.slurm.model import OrphanJob, expand_hostlist
+
+    assert expand_hostlist("cpu-[1,3-4],login-1") == ["cpu-1", "cpu-3", "cpu-4", "login-1"]
+    assert expand_hostlist("gpu-a-[08-10]") == ["gpu-a-08", "gpu-a-09", "gpu-a-10"]
+    assert expand_hostlist("(null)") == [] and expand_hostlist("cpu-2") == ["cpu-2"]
+
+    hp_note = "hp: cpu-2 rebooted: x; it was the job's batch host: the job was requeued and runs again from the top of its script"
+
+    def answer(c: str, cmd: list[str]) -> ExecResult:
+        if cmd[:3] == ["squeue", "-h", "-t"] and cmd[3] == "PD":
+            return ExecResult(0, "13|BeginTime\n17|BeginTime\n18|Resources\n")
+        if cmd[0] == "squeue":
+            return ExecResult(0, "12|cpu-1|cpu-[1-2]\n13|cpu-2|cpu-[1,3]\n14|(null)|\n15|cpu-4|cpu-4\n")
+        if cmd[:3] == ["scontrol", "show", "job"]:  # 17: a user's own --begin job
+            note = hp_note if cmd[-1] == "13" else ""
+            return ExecResult(0, f"JobId={cmd[-1]} JobName=j Restarts=1 BatchFlag=1 AdminComment={note} Comment=x\n")
+        if cmd[:2] == ["scontrol", "requeue"] and cmd[2] == "16":
+            return ExecResult(1, "scontrol: error: Requested operation is presently disabled for job 16")
+        return ExecResult(0, "")
+
+    s, p = slurm(answer)
+    assert s.orphan_jobs() == [OrphanJob(13, "cpu-2")]
+    assert p.execs[-1][1] == ["squeue", "-h", "-t", "R,S", "-o", "%A|%B|%N"]
+    assert s.requeue(13) is True and p.execs[-1][1] == ["scontrol", "requeue", "13"]
+    assert s.requeue(16) is False
+    assert s.release_requeued(set()) == [13]
+    assert ["scontrol", "update", "jobid=13", "StartTime=now+1"] in [cmd for _, cmd, _ in p.execs]
+    assert not [cmd for _, cmd, _ in p.execs if cmd[:2] == ["scontrol", "update"] and cmd[2] != "jobid=13"]
+    assert s.release_requeued({17}) == [13, 17]  # 17: its srun --auto-resume grew it back, then requeued it
