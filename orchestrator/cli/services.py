@@ -8,8 +8,6 @@ from ..errors import BadInput
 from .common import JsonOpt, env
 from .output import Out
 
-API_VERSION = "v0.0.42"  # slurmrestd's data_parser in Slurm 24.11
-
 
 def _rest_cluster(name: str):  # -> Cluster
     e = env()
@@ -28,15 +26,17 @@ def api(name: str, json_out: bool = JsonOpt) -> None:
 
     Requests carry X-SLURM-USER-NAME and X-SLURM-USER-TOKEN (from 'hp token NAME').
     Example: curl -H "X-SLURM-USER-TOKEN: $(hp token lab)" "$(hp api lab)/slurm/v0.0.42/ping"
+    (--json: ApiVersion, the newest version the cluster's Slurm release serves).
     """
+    from ..releases import RELEASES
     from ..services.ports import wait_url
 
-    e, _ = _rest_cluster(name)
+    e, cluster = _rest_cluster(name)
     e.agents.ensure(name)  # the agent serves the front
     url = wait_url(e.store, name, "rest")
     out = Out(json_out)
     if json_out:
-        out.json({"ClusterName": name, "Url": url, "ApiVersion": API_VERSION})
+        out.json({"ClusterName": name, "Url": url, "ApiVersion": RELEASES[cluster.spec.release].rest_api})
     else:
         print(url)
 
