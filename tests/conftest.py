@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import collections
 import glob
+import io
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -189,6 +191,17 @@ def wait_until(fn: Any, timeout: float, what: str, poll: float = 0.5) -> Any:
             return last
         time.sleep(poll)
     raise AssertionError(f"timed out after {timeout:g} s waiting for {what}; last: {last!r}")
+
+
+def put_file(container: Any, path: str, text: str, uid: int = 1000) -> None:
+    """A file of the node user's (mode 0755) in a docker-py container, by the engine's archive API."""
+    data = text.encode()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo(Path(path).name)
+        info.size, info.mode, info.uid, info.gid = len(data), 0o755, uid, uid
+        tar.addfile(info, io.BytesIO(data))
+    assert container.put_archive(str(Path(path).parent), buf.getvalue())
 
 
 def write_spec(path: Path, doc: dict[str, Any]) -> Path:

@@ -635,6 +635,10 @@ class FakeSlurm:
         self.requeued.append(job_id)
         return True
 
+    def requeueable(self, job_id: int) -> bool:
+        self._check()
+        return job_id not in self.no_requeue
+
     def release_requeued(self, resumed: set[int]) -> list[int]:
         self._check()
         self.calls.append(("release_requeued", tuple(map(str, sorted(resumed)))))

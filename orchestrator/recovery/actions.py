@@ -293,21 +293,25 @@ def rerun_orphans(cluster: Cluster, why: dict[str, str]) -> list[int]:
         orphans = cluster.slurm.orphan_jobs()
     except OperationFailed:
         return []
+    handled = []
     for o in orphans:
         lost = f"{why.get(o.batch_host, 'left the job')}; it was the job's batch host"
         try:
             if cluster.slurm.requeue(o.job_id):
                 done, level = f"{lost}: {REQUEUED_NOTE}", "Warning"
-            else:
+            elif not cluster.slurm.requeueable(o.job_id):
                 cluster.slurm.kill_job(o.job_id)
                 done, level = f"{lost} and the job cannot be requeued (--no-requeue): it was cancelled", "Error"
+            else:  # requeued meanwhile (another look of hp's, or Slurm): nothing more to do
+                continue
             cluster.slurm.note_jobs([o.job_id], job_note(o.batch_host, done))
         except OperationFailed as e:  # the controller stopped answering: the next look finds it again
             done, level = f"{lost}: Slurm took neither hp's requeue nor its cancel ({str(e)[:200]})", "Error"
+        handled.append(o.job_id)
         cluster.store.event(
             cluster.name, "Job", level, f"job {o.job_id}: {o.batch_host} {done}", None, None, o.batch_host
         )
-    return [o.job_id for o in orphans]
+    return handled
 
 
 def _images(cluster: Cluster, t: Target) -> dict[str, str]:

@@ -72,7 +72,11 @@ class Slurm(Protocol):
 
     def requeue(self, job_id: int) -> bool:
         """End a running job and queue it again; it starts again from the top of its
-        script as soon as nodes are free. False when Slurm refuses (not requeueable)."""
+        script as soon as nodes are free. False when Slurm refuses."""
+
+    def requeueable(self, job_id: int) -> bool:
+        """Does Slurm requeue the job when asked (not --no-requeue)? True for a job it no
+        longer knows (nothing to cancel)."""
 
     def kill_job(self, job_id: int) -> None:
         """Cancel a job as the administrator."""
@@ -207,6 +211,13 @@ class SlurmCli:
         except OperationFailed:
             return False
         return True
+
+    def requeueable(self, job_id: int) -> bool:
+        try:
+            res = self.p.exec(self.controller, bounded(["scontrol", "show", "job", "-o", str(int(job_id))]))
+        except EngineError as e:
+            raise OperationFailed(f"scontrol show job: {e}") from None
+        return res.exit_code != 0 or " Requeue=0 " not in res.output  # unknown: ended, nothing to cancel
 
     def release_requeued(self, resumed: set[int]) -> list[int]:
         held = parse_held_requeued(self._run("squeue", "-h", "-t", "PD", "-o", "%i|%r"))

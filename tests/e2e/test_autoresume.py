@@ -12,19 +12,16 @@ on one xdist worker.
 
 from __future__ import annotations
 
-import io
 import re
 import sys
-import tarfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import docker
 import pytest
-from conftest import Hp, small_spec, wait_until, write_spec
+from conftest import Hp, put_file, small_spec, wait_until, write_spec
 
 pytestmark = pytest.mark.xdist_group("autoresume")
 
@@ -63,13 +60,7 @@ class Lab:
 
     def put(self, path: str, text: str) -> None:
         """A file of hpuser's on the shared /home, through the login node's container."""
-        data = text.encode()
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            info = tarfile.TarInfo(Path(path).name)
-            info.size, info.mode, info.uid, info.gid = len(data), 0o755, 1000, 1000
-            tar.addfile(info, io.BytesIO(data))
-        assert self.container("login-1").put_archive(str(Path(path).parent), buf.getvalue())
+        put_file(self.container("login-1"), path, text)
 
     def submit(self, name: str, srun: str) -> int:
         """A two-node batch job whose one step is `srun`; its output in ~/NAME.out (a

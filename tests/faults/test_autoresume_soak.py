@@ -11,18 +11,15 @@ HP_SOAK_S sets the length (default 480 s), HP_SOAK_SEED the victims' order.
 
 from __future__ import annotations
 
-import io
 import os
 import random
 import re
 import sys
-import tarfile
 import time
-from pathlib import Path
 
 import docker
 import pytest
-from conftest import small_spec, wait_until, write_spec
+from conftest import put_file, small_spec, wait_until, write_spec
 
 pytestmark = pytest.mark.skipif(not os.environ.get("HP_FAULTS_LONG"), reason="the long fault campaign: make faults")
 
@@ -60,7 +57,7 @@ def test_auto_resume_soak_with_a_worker_killed_every_30_s(hp, tmp_path):
         return r.output.decode(errors="replace")
 
     for path, text in (("/home/hpuser/train.sh", TRAIN), ("/home/hpuser/job.sh", JOB)):
-        _put(login, path, text)
+        put_file(login, path, text)
     seed = int(os.environ.get("HP_SOAK_SEED", str(int(time.time()))))
     rng = random.Random(seed)
     jobs: list[int] = []
@@ -121,13 +118,3 @@ def test_auto_resume_soak_with_a_worker_killed_every_30_s(hp, tmp_path):
         file=sys.stderr,
     )
     assert not bad, "\n".join(bad)
-
-
-def _put(container, path: str, text: str) -> None:
-    data = text.encode()
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        info = tarfile.TarInfo(Path(path).name)
-        info.size, info.mode, info.uid, info.gid = len(data), 0o755, 1000, 1000
-        tar.addfile(info, io.BytesIO(data))
-    assert container.put_archive(str(Path(path).parent), buf.getvalue())

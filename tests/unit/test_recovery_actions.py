@@ -129,6 +129,18 @@ def test_the_watcher_reruns_a_job_whose_batch_host_slurm_set_down_by_itself(w):
     assert wt.poll() and w.slurm.requeued == [9]  # once: a requeued job is no orphan
 
 
+def test_a_job_requeued_meanwhile_is_left_alone_never_cancelled(w):
+    """Two looks of hp's (the reboot's and the watcher's) may find the same orphan; the
+    second requeue is refused because the first one took: the job must not be cancelled."""
+    from dataclasses import replace
+
+    w.slurm.nodes_["cpu-2"] = replace(w.slurm.nodes_["cpu-2"], state=("DOWN",), reason="Not responding")
+    w.slurm.batch_hosts = {9: "cpu-2"}
+    w.slurm.requeue = lambda job_id: False  # type: ignore[method-assign]  # as slurmctld: "Job is pending execution"
+    assert actions.rerun_orphans(Cluster(w.env, "lab"), {"cpu-2": "rebooted"}) == []
+    assert ("kill_job", ("9",)) not in w.slurm.calls and 9 not in w.slurm.notes
+
+
 def test_the_watcher_records_each_auto_resume_retry_once_after_it_acted_on_a_worker(w):
     from orchestrator.slurm.model import AutoResumeRetry
 

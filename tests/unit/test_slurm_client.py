@@ -414,6 +414,7 @@ def test_orphan_jobs_are_running_jobs_without_their_batch_host() -> None:
     assert p.execs[-1][1] == ["squeue", "-h", "-t", "R,S", "-o", "%A|%B|%N"]
     assert s.requeue(13) is True and p.execs[-1][1] == ["scontrol", "requeue", "13"]
     assert s.requeue(16) is False
+    assert s.requeueable(13) is True
     assert s.release_requeued(set()) == [13]
     assert ["scontrol", "update", "jobid=13", "StartTime=now+1"] in [cmd for _, cmd, _ in p.execs]
     assert not [cmd for _, cmd, _ in p.execs if cmd[:2] == ["scontrol", "update"] and cmd[2] != "jobid=13"]
