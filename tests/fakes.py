@@ -49,7 +49,7 @@ from orchestrator.docker.views import (
 )
 from orchestrator.errors import EngineError, EngineUnavailable, ObjectMissing, OperationFailed
 from orchestrator.naming import L_CLUSTER, L_MANAGED
-from orchestrator.releases import DEFAULT
+from orchestrator.releases import DEFAULT, RELEASES
 from orchestrator.slurm.model import AccountingPing, AcctJob, AutoResumeRetry, JobInfo, OrphanJob, SlurmNode
 from orchestrator.state.store import Store
 
@@ -767,7 +767,7 @@ def world(tmp_path: Path, cpus: int = 8, memory_mib: int = 16384, build: bool = 
     agents = FakeAgents()
     home = tmp_path / "hphome"
     env = Env(provider=p, store=Store(home), slurm_factory=lambda prov, ctl: slurm, agents=agents)
-    p.images["debian:trixie-slim"] = "sha256:base"
+    p.images[RELEASES[DEFAULT].pulled_base] = "sha256:base"  # the default release's base
     if build:
         env.images(DEFAULT).build(log=lambda s: None)
     return World(env, p, slurm, agents, home)
@@ -805,7 +805,7 @@ def multi_world(tmp_path: Path, hosts: int = 3, cpus: int = 8, memory_mib: int =
     from orchestrator.docker.multihost import MultiHostProvider
 
     source = FakeProvider(cpus, memory_mib)
-    source.images["debian:trixie-slim"] = "sha256:base"
+    source.images[RELEASES[DEFAULT].pulled_base] = "sha256:base"
     engines = {f"h{i}": FakeProvider(cpus, memory_mib, name=f"h{i}") for i in range(1, hosts + 1)}
     engines["h1"].info_ = replace(engines["h1"].info_, swarm_manager=True, swarm_state="active")
     slurm = FakeSlurm()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import time
 from pathlib import Path
@@ -28,7 +29,7 @@ from orchestrator.cluster.create import CreateOptions, create
 from orchestrator.docker.images import parse_dpkg_version
 from orchestrator.docker.views import ExecResult
 from orchestrator.errors import BadInput, EngineError, NotFound, OperationFailed, WaitTimeout
-from orchestrator.releases import DEFAULT
+from orchestrator.releases import DEFAULT, RELEASES
 from orchestrator.slurm.model import JobInfo
 from orchestrator.spec.model import validate
 from orchestrator.state.health_requests import Records
@@ -392,7 +393,7 @@ def test_images_save_then_load_round_trip(tmp_path: Path) -> None:
     saved = save_images(w.env, DEFAULT, d, log=said.append)
     check_schema("images-save", saved)
     assert [i["Name"] for i in saved["Images"]] == ["base", "controller", "login", "worker", "check-cpu"]
-    assert saved["Images"][0]["Ref"] == "debian:trixie-slim"
+    assert saved["Images"][0]["Ref"] == RELEASES[DEFAULT].pulled_base
     tar = d / saved["File"]
     assert sorted(p.name for p in d.iterdir()) == sorted([saved["File"], "manifest.json"])  # the old one went
     assert saved["Size"] == tar.stat().st_size and saved["Sha256"] == hashlib.sha256(tar.read_bytes()).hexdigest()
@@ -474,7 +475,8 @@ def test_save_refuses_without_built_images_and_without_an_engine(tmp_path: Path)
     w = world(tmp_path, build=False)
     with pytest.raises(
         OperationFailed,
-        match=r"^image hp-controller:24\.11-[0-9a-f]{12} is not built: run 'hp images build --slurm 24\.11' first$",
+        match=rf"^image hp-controller:{re.escape(DEFAULT)}-[0-9a-f]{{12}} is not built: "
+        rf"run 'hp images build --slurm {re.escape(DEFAULT)}' first$",
     ):
         save_images(w.env, DEFAULT, tmp_path / "a")
     w = world(tmp_path / "bare", build=False)

@@ -38,6 +38,7 @@ from orchestrator.docker import engine as engine_mod
 from orchestrator.docker.views import ExecResult
 from orchestrator.health.requests import service
 from orchestrator.recovery import actions
+from orchestrator.releases import DEFAULT, SlurmRelease
 from orchestrator.slurm.model import JobInfo
 from orchestrator.spec.model import validate as validate_spec
 from orchestrator.state.health_requests import Records, Result
@@ -395,17 +396,22 @@ def test_version(hp: Hp, monkeypatch: pytest.MonkeyPatch) -> None:
     r = hp("version", "--images")
     lines = r.out.splitlines()
     assert r.code == 0 and lines[0].startswith("hp ") and "(Python " in lines[0]
-    assert lines[1] == "Slurm 24.11 (the default): 24.11.5-4"
-    assert sorted(ln.split(":")[0] for ln in lines[2:5]) == ["  image controller", "  image login", "  image worker"]
-    assert lines[5] == "Slurm 26.05: unknown (images not built)"  # the fakes have no forky base
+    other = next(rel for rel in SlurmRelease if rel is not DEFAULT)  # the fakes have the default's base only
+    assert f"Slurm {DEFAULT} (the default): 24.11.5-4" in lines  # the fake image's dpkg database says 24.11.5-4
+    assert f"Slurm {other}: unknown (images not built)" in lines
+    assert sorted(ln.split(":")[0] for ln in lines if ln.startswith("  image ")) == [
+        "  image controller",
+        "  image login",
+        "  image worker",
+    ]
     doc = hp.json("version", "version", "--images")
-    assert doc["slurm"] == "24.11.5-4" and doc["releases"]["24.11"]["slurm"] == "24.11.5-4"
-    assert doc["releases"]["26.05"]["images"] is None and "no base image" in doc["releases"]["26.05"]["note"]
+    assert doc["slurm"] == "24.11.5-4" and doc["releases"][DEFAULT]["slurm"] == "24.11.5-4"
+    assert doc["releases"][other]["images"] is None and "no base image" in doc["releases"][other]["note"]
     hp.w.provider.up = False
     r = hp("version", "--images")
     assert (
         r.code == 0
-        and "Slurm 24.11 (the default): unknown (images not built)" in r.out
+        and f"Slurm {DEFAULT} (the default): unknown (images not built)" in r.out
         and "note: cannot reach a Docker engine" in r.out
     )
     hp.json("version", "version", "--images")
@@ -831,13 +837,13 @@ def test_images_build_list_key(hp: Hp) -> None:
         *([n, "26.05"] for n in names),
     ]
     doc = hp.json("images-list", "images", "list")
-    assert all(i["Present"] for i in doc["Images"] if i["Slurm"] == "24.11")
-    assert not any(i["Present"] for i in doc["Images"] if i["Slurm"] == "26.05")  # no forky base in the fakes
+    assert all(i["Present"] == (i["Slurm"] == DEFAULT) for i in doc["Images"])  # the fakes: the default's base only
     r = hp("images", "key")
-    assert r.code == 0 and r.out.startswith("24.11-") and len(r.out.strip()) == 30
+    assert r.code == 0 and r.out.startswith(f"{DEFAULT}-") and len(r.out.strip()) == 30
     assert hp.json("images-key", "images", "key") == {"Key": r.out.strip()}
-    other = hp("images", "key", "--slurm", "26.05").out.strip()
-    assert other.startswith("26.05-") and other[6:] != r.out.strip()[6:]
+    other = next(rel for rel in SlurmRelease if rel is not DEFAULT)
+    key = hp("images", "key", "--slurm", other).out.strip()
+    assert key.startswith(f"{other}-") and key[6:] != r.out.strip()[6:]
 
 
 def test_a_release_hp_does_not_have_is_refused_naming_the_ones_it_has(hp: Hp, tmp_path: Path) -> None:

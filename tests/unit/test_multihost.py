@@ -34,7 +34,7 @@ from orchestrator.hosts import engines as host_engines
 from orchestrator.hosts import hostwatch
 from orchestrator.hosts.hostwatch import HostWatch
 from orchestrator.recovery import actions
-from orchestrator.releases import DEFAULT
+from orchestrator.releases import DEFAULT, RELEASES
 from orchestrator.spec.catalogue import load_catalogue
 from orchestrator.spec.model import validate
 
@@ -506,7 +506,7 @@ def fleet(monkeypatch, tmp_path):
     }
     engines["unix:///h/dead"].up = False
     local = FakeProvider()
-    local.images["debian:trixie-slim"] = "sha256:base"
+    local.images[RELEASES[DEFAULT].pulled_base] = "sha256:base"
 
     def factory(url=None, *a, name=None, **k):
         if url and name:
@@ -818,7 +818,7 @@ def test_hosts_add_refuses_a_host_without_dev_fuse_with_nothing_recorded(fleet):
     with pytest.raises(BadInput, match="host h2 cannot run hp's nodes: its engine cannot hand containers /dev/fuse"):
         registry.add(store, "h2", "unix:///h/2")
     assert [r.name for r in store.hosts()] == ["h1"] and "2" not in SwarmEngine.swarm["nodes"]
-    assert engines["unix:///h/2"].images["debian:trixie-slim"]  # the probe's image, streamed to it
+    assert engines["unix:///h/2"].images[RELEASES[DEFAULT].pulled_base]  # the probe's image, streamed to it
     probe_run = engines["unix:///h/2"].runs[-1]
     assert probe_run.environment["HP_MANAGER"] == "10.0.0.1"  # h1's swarm address: its ports are probed
     engines["unix:///h/2"].run_handler = lambda spec: ExecResult(0, "ok")
@@ -837,7 +837,7 @@ def test_create_refuses_a_host_that_lost_dev_fuse_before_anything_is_streamed(tm
     assert w.env.store.cluster("lab") is None  # no state written
     for h, e in w.hosts.items():
         assert not [c for c in e.containers_.values() if c.spec.labels.get("io.hp.cluster") == "lab"]
-        assert set(e.images) - set(before[h]) <= {"debian:trixie-slim"}, h  # at most the probe's base image
+        assert set(e.images) - set(before[h]) <= {RELEASES[DEFAULT].pulled_base}, h  # at most the probe's base image
     assert w.env.provider.networks("lab") == [] and w.env.provider.volumes("lab") == []
 
 
