@@ -6,18 +6,20 @@ finds it gone. Beside provisioning it runs the recovery watcher, the cluster ser
 watch (a dead database or slurmdbd is brought back) and the loopback endpoints (metrics,
 the REST front: orchestrator/services). Per cluster rather than per host: a cluster's agent holds only that
 cluster's lock, so a crash or a slow Docker call in one cluster never stalls another,
-and deleting a cluster is just stopping its agent. An idle agent sleeps on a condition
-(woken by Docker events, SIGUSR1 from `hp scale`, or a slow resync).
+and deleting a cluster is just stopping its agent. Every background behaviour is a
+controller on one runtime (orchestrator/runtime.py: threads, wake-ups by Docker events,
+per-key backoff, failure policy); provisioning is this module's own (`Provisioning`). An
+idle agent sleeps (woken by Docker events, SIGUSR1 from `hp scale`, or a slow resync).
 
 Crash-safety: the agent keeps nothing in memory that matters. Desired counts are in
 SQLite, what exists is read from Docker labels, container names are deterministic
 (`hp-<cluster>-<node>`: creating one twice fails), and retry counts and timeouts are
 derived from the node phase history. SIGKILL at any moment, start again: it resumes.
 
-Failure policy (orchestrator.errors): an error of the outside world (TRANSIENT) makes a
-group try again after a short wait; anything else is a bug, reported once (log with
-traceback, and an `hp events` entry), and the group it hit is left alone until the
-cluster's spec changes or the agent restarts: never retried in a tight loop.
+Failure policy (the runtime's, orchestrator.errors): an error of the outside world
+(TRANSIENT) makes a group try again after a short wait; anything else is a bug, reported
+once (log with traceback, and an `hp events` entry), and the group it hit is left alone
+until the cluster's spec changes or the agent restarts: never retried in a tight loop.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from .. import assembly
@@ -36,11 +39,12 @@ from ..cluster.reconciler import RESYNC, GroupReconciler
 from ..core.agents import DEAD_STATUSES
 from ..core.context import Cluster, Env
 from ..core.launcher import Launcher
-from ..errors import TRANSIENT, EngineError, EngineUnavailable, bug_signature, guarded, report_bug
+from ..errors import TRANSIENT, guarded, report_bug
 from ..health.requests.onstart import ClusterBusy, check_new_nodes
 from ..hosts.hostwatch import HostWatch
-from ..naming import SERVICE_HOSTS, group_prefix
+from ..naming import group_prefix
 from ..recovery.watcher import RecoveryWatcher
+from ..runtime import Controller, Result, Runtime
 from ..services.endpoints import Endpoints
 from ..services.servicewatch import ServiceWatch
 from ..slurm.model import SlurmNode
@@ -61,62 +65,14 @@ class Agent:
         self.env = env
         self.name = name
         self.stop = threading.Event()
-        self.wake = threading.Condition(threading.RLock())  # re-entrant: kicked from signal handlers
-        self._woken = False
-        self._bugs: dict[str, str] = {}  # group -> signature of the bug that stopped it (until the spec changes)
-        self._services: Any = None  # services/watch.ServiceWatch, once started
+        self.runtime = Runtime(env.store, name, lambda: env.provider.events(name), self.stop)
 
     def kick(self) -> None:
-        with self.wake:
-            self._woken = True
-            self.wake.notify_all()
+        """Look at the cluster's record now (SIGUSR1 from `hp scale`: its spec changed)."""
+        self.runtime.enqueue(Provisioning.kind, CLUSTER)
 
     def _sleep(self, seconds: float) -> None:
-        with self.wake:
-            if not self._woken and not self.stop.is_set():
-                self.wake.wait(seconds)
-            self._woken = False
-
-    def _events(self) -> None:
-        """Docker events of this cluster's containers wake the reconciler at once."""
-        while not self.stop.is_set():
-            try:
-                for ev in self.env.provider.events(self.name):
-                    if ev.action in ("die", "start", "destroy", "oom", "create"):
-                        self.kick()
-                    if ev.role in SERVICE_HOSTS and ev.action in ("die", "destroy", "pause") and self._services:
-                        self._services.kick()  # a cluster service stopped: the watch brings it back
-                    if self.stop.is_set():
-                        return
-            except (EngineError, EngineUnavailable) as e:  # engine restarted: reconnect
-                log.warning("event stream: %s", e)
-                self.stop.wait(1)
-
-    def _recovery(self) -> None:
-        # a bug in the watcher is reported; provisioning goes on without it
-        guarded(
-            self.env.store, self.name, "the recovery watcher", log, RecoveryWatcher(self.env, self.name).run, self.stop
-        )
-
-    def _hosts(self) -> None:
-        # a bug in the host watcher is reported; provisioning and recovery go on without it
-        guarded(self.env.store, self.name, "the host watcher", log, HostWatch(self.env, self.name).run, self.stop)
-
-    def _cluster_services(self) -> None:
-        """Accounting and REST (services/): the watch that keeps them up, and the
-        loopback endpoints (metrics, the REST front)."""
-        guarded(
-            self.env.store,
-            self.name,
-            "the metrics and REST endpoints",
-            log,
-            Endpoints(self.env, self.name, Records(self.env.store).summary).start,
-        )
-        self._services = ServiceWatch(self.env, self.name)
-        guarded(self.env.store, self.name, "the services watch", log, self._services.run, self.stop)
-
-    def _gpu_watch(self) -> None:
-        guarded(self.env.store, self.name, "the GPU monitors", log, GpuWatch(self.env, self.name).run, self.stop)
+        self.stop.wait(seconds)
 
     def _onstart_queue(self) -> OnStartQueue:
         cluster = Cluster(self.env, self.name)
@@ -133,7 +89,7 @@ class Agent:
             else:
                 report_bug(self.env.store, self.name, f"on-start checks of {', '.join(batch)}", e, log)
 
-        return OnStartQueue(lambda nodes: check_new_nodes(cluster, nodes), ClusterBusy, on_error, self.stop).start()
+        return OnStartQueue(lambda nodes: check_new_nodes(cluster, nodes), ClusterBusy, on_error, self.runtime.enqueue)
 
     def _image_refs(self) -> dict[str, str] | None:
         """The node images' tags, once the engine answers: it may be restarting as the
@@ -147,6 +103,8 @@ class Agent:
         return None
 
     def run(self) -> int:
+        """The cluster's controllers on one runtime (orchestrator/runtime.py), until the
+        cluster is gone or the agent is stopped."""
         env = self.env
         if env.store.cluster(self.name) is None:  # e.g. `python -m orchestrator.agent` by hand, a typo
             log.error("cluster %r does not exist: no agent for it", self.name)
@@ -155,61 +113,28 @@ class Agent:
         if images is None:
             return 0
         cluster = Cluster(env, self.name)
-        threading.Thread(target=self._events, daemon=True, name="events").start()
-        threading.Thread(target=self._recovery, daemon=True, name="recovery").start()
-        if env.multihost:  # hosts lost and back (hosts/hostwatch.py)
-            threading.Thread(target=self._hosts, daemon=True, name="hosts").start()
-        threading.Thread(target=self._cluster_services, daemon=True, name="services").start()
-
-        if has_gpus(cluster.spec, env.catalogue):  # passive GPU monitoring (agent/gpuwatch.py)
-            threading.Thread(target=self._gpu_watch, daemon=True, name="gpu-monitors").start()
+        rt = self.runtime
         onstart = self._onstart_queue()
-        recs: dict[str, GroupReconciler] = {}
-        due: dict[str, float] = {}
-        last_updated = None
-        last_prune = 0.0
-        while not self.stop.is_set():
-            if env.store.gone():  # nothing it writes would be read: its cluster's containers are left as they are
-                log.warning("hp's state folder %s was removed: agent exits", env.store.home)
-                return 0
-            row = env.store.cluster(self.name)
-            if row is None or row.status in DEAD_STATUSES:
-                log.info("cluster is %s: agent exits", row.status if row else "gone")
-                return 0
-            if row.updated != last_updated:
-                last_updated = row.updated
-                cluster.reload()
-                due, self._bugs = {}, {}
-            now = time.monotonic()
-            if now - last_prune > PRUNE_EVERY_S:
-                last_prune = now
-                env.store.prune()
-            groups = [g.InstanceGroupName for g in cluster.spec.InstanceGroups if g.node_type != "Controller"]
-            ready = [g for g in groups if due.get(g, 0) <= now and g not in self._bugs]
-            snodes = self._slurm_nodes(cluster) if ready else {}
-            if ready and snodes is None:  # controller down: nothing can join; recovery restarts it
-                self._sleep(1)
-                continue
-            for gname in ready:
-                rec = recs.setdefault(gname, GroupReconciler(cluster, gname, Launcher(cluster, images), onstart.add))
-                due[gname] = now + self._step(rec, snodes or {})
-            self._sync_status(cluster)
-            wait = min([d - time.monotonic() for g, d in due.items() if g not in self._bugs] + [RESYNC])
-            self._sleep(max(wait, 0.05))
+        rt.add(Provisioning(self, cluster, images, onstart.add))
+        rt.add(RecoveryWatcher(env, self.name))
+        if env.multihost:  # hosts lost and back (hosts/hostwatch.py)
+            rt.add(HostWatch(env, self.name))
+        rt.add(ServiceWatch(env, self.name))
+        if has_gpus(cluster.spec, env.catalogue):  # passive GPU monitoring (agent/gpuwatch.py)
+            rt.add(GpuWatch(env, self.name))
+        rt.add(onstart)
+        # the loopback endpoints (metrics, the REST front): a bug in them is reported; the rest goes on
+        guarded(
+            env.store,
+            self.name,
+            "the metrics and REST endpoints",
+            log,
+            Endpoints(env, self.name, Records(env.store).summary).start,
+        )
+        rt.start()
+        self.stop.wait()
+        rt.shutdown()
         return 0
-
-    def _step(self, rec: GroupReconciler, snodes: dict[str, SlurmNode]) -> float:
-        try:
-            return rec.step(snodes)
-        except TRANSIENT as e:
-            log.warning("group %s: %s", rec.group, e)
-            return 2.0
-        except Exception as e:  # noqa: BLE001 - a bug: reported once; the group waits for a spec change or a restart
-            sig = bug_signature(e)
-            if self._bugs.get(rec.group) != sig:
-                report_bug(self.env.store, self.name, f"provisioning of group {rec.group}", e, log, group=rec.group)
-            self._bugs[rec.group] = sig
-            return RESYNC
 
     def _slurm_nodes(self, cluster: Cluster) -> dict[str, SlurmNode] | None:
         try:
@@ -286,6 +211,83 @@ class Agent:
         cluster.reload()
 
 
+CLUSTER = ""  # the provisioning controller's key of the cluster itself; its other keys are groups
+SNODES_FRESH_S = 0.25  # groups due together share one look at Slurm
+
+
+class Provisioning(Controller):
+    """Keeps each instance group at its target count (cluster/reconciler.py's GroupReconciler,
+    one key per group), and the cluster's record: its spec reloaded when it changed, its
+    status and scaling operations synced (Agent._sync_status), the agent stopped once the
+    cluster or hp's state folder is gone."""
+
+    kind = "provisioning"
+    keys = (CLUSTER,)
+    backoff = (2.0,)
+
+    def __init__(self, agent: Agent, cluster: Cluster, images: dict[str, str], onstart: Callable[[str], None]):
+        self.agent, self.cluster, self.images, self.onstart = agent, cluster, images, onstart
+        self.recs: dict[str, GroupReconciler] = {}
+        self.groups: list[str] = []
+        self.last_updated: str | None = None
+        self.last_prune = 0.0
+        self._snodes: tuple[float, dict[str, SlurmNode] | None] = (0.0, None)
+
+    def describe(self, key: str) -> str:
+        return f"provisioning of group {key}" if key else "provisioning"
+
+    def watch(self, event: Any) -> Iterable[str]:
+        return (CLUSTER,) if event.action in ("die", "start", "destroy", "oom", "create") else ()
+
+    def reconcile(self, key: str) -> Result:
+        return self._group(key) if key else self._cluster()
+
+    def _cluster(self) -> Result:
+        env, rt, name = self.agent.env, self.agent.runtime, self.agent.name
+        if env.store.gone():  # nothing it writes would be read: its cluster's containers are left as they are
+            log.warning("hp's state folder %s was removed: agent exits", env.store.home)
+            self.agent.stop.set()
+            return Result()
+        row = env.store.cluster(name)
+        if row is None or row.status in DEAD_STATUSES:
+            log.info("cluster is %s: agent exits", row.status if row else "gone")
+            self.agent.stop.set()
+            return Result()
+        if row.updated != self.last_updated:
+            self.last_updated = row.updated
+            self.cluster.reload()
+            groups = [g.InstanceGroupName for g in self.cluster.spec.InstanceGroups if g.node_type != "Controller"]
+            for g in set(self.groups) - set(groups):
+                rt.forget(self.kind, g)
+                self.recs.pop(g, None)
+            self.groups = groups
+            rt.reset(self.kind)
+            for g in groups:
+                rt.enqueue(self.kind, g)
+        now = time.monotonic()
+        if now - self.last_prune > PRUNE_EVERY_S:
+            self.last_prune = now
+            env.store.prune()
+        self.agent._sync_status(self.cluster)
+        return Result(RESYNC)
+
+    def _group(self, group: str) -> Result:
+        if group not in self.groups:
+            return Result()
+        at, snodes = self._snodes
+        if snodes is None or time.monotonic() - at > SNODES_FRESH_S:
+            snodes = self.agent._slurm_nodes(self.cluster)
+            self._snodes = (time.monotonic(), snodes)
+        if snodes is None:  # controller down: nothing can join; recovery restarts it
+            return Result(1.0)
+        rec = self.recs.setdefault(
+            group, GroupReconciler(self.cluster, group, Launcher(self.cluster, self.images), self.onstart)
+        )
+        wait = rec.step(snodes)
+        self.agent.runtime.enqueue(self.kind, CLUSTER)  # the cluster's status and operations, as this step left them
+        return Result(wait)
+
+
 def main(argv: list[str] | None = None) -> int:
     """The agent of cluster ARGV[0], which holds the cluster's lock (agent/__main__.py took
     it before it loaded this module)."""
@@ -294,9 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(threadName)s %(message)s")
     env = assembly.env()
     agent = Agent(env, name)
-    signal.signal(
-        signal.SIGTERM, lambda *_: (agent.stop.set(), agent.kick(), agent._services and agent._services.kick())
-    )
+    signal.signal(signal.SIGTERM, lambda *_: agent.stop.set())
     signal.signal(signal.SIGUSR1, lambda *_: agent.kick())
     log.info("agent for cluster %s started (pid %d)", name, os.getpid())
     try:

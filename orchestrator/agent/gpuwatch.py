@@ -1,5 +1,5 @@
-"""Passive GPU monitoring (HyperPod's health-monitoring agent), run by the cluster's
-agent on a thread of its own.
+"""Passive GPU monitoring (HyperPod's health-monitoring agent): a controller of the
+cluster's agent (orchestrator/runtime.py).
 
 Every running GPU node gets a monitor container (`hp-<cluster>-<node>-gpumon`: hp's
 GPU check image running hp_gpu_monitor.py, given the node's own GPUs, no network, a
@@ -42,6 +42,7 @@ from ..gpu.wiring import GpuWiringError
 from ..health.requests.gpu_check import condemned_gpus, node_wiring
 from ..naming import L_GPU_MODE, L_ROLE, L_WATCHES, labels, monitor_name
 from ..recovery import actions
+from ..runtime import Controller, Result
 from ..state.phases import Owner, owner
 
 log = logging.getLogger("hp.gpuwatch")
@@ -79,12 +80,15 @@ class Pending:
     codes: frozenset[str]
 
 
-class GpuWatch:
+class GpuWatch(Controller):
+    kind = "gpu-monitors"
+
     def __init__(self, env: Env, name: str, act: Act | None = None, step_s: float = STEP_S):
         self.env = env
         self.name = name
         self.cluster = Cluster(env, name)
         self.step_s = step_s
+        self.backoff = (step_s,)
         self._act = act or _act
         self.lock = threading.RLock()
         self.states: dict[str, MonitorState] = {}  # node -> what its monitor said so far
@@ -95,19 +99,12 @@ class GpuWatch:
         self.retry_at: dict[str, float] = {}  # node -> when to make its monitor again
         self._said: set[str] = set()  # one-off events already recorded
 
-    # -- the loop ---------------------------------------------------------------------
-    def run(self, stop: threading.Event) -> None:
-        try:
-            while not stop.is_set():
-                if self.env.store.cluster(self.name) is None:
-                    break
-                try:
-                    self.step()
-                except TRANSIENT as e:
-                    log.warning("GPU monitors of %s: %s", self.name, e)
-                stop.wait(self.step_s)
-        finally:
-            self.close()
+    # -- the controller ---------------------------------------------------------------
+    def reconcile(self, key: str) -> Result:
+        if self.env.store.cluster(self.name) is None:
+            return Result()
+        self.step()
+        return Result(self.step_s)
 
     def close(self) -> None:
         with self.lock:

@@ -1,4 +1,4 @@
-"""The host watcher: a thread of each multi-host cluster's agent.
+"""The host watcher: a controller of each multi-host cluster's agent (orchestrator/runtime.py).
 
 Every POLL_S it pings every registered host (MultiHostProvider.check; a unix socket to a
 dead engine fails at once, a TCP one within HP_HOST_PING_TIMEOUT) and, every
@@ -44,6 +44,7 @@ from ..core.context import Cluster, Env
 from ..errors import TRANSIENT, EngineError, EngineUnavailable, report_bug
 from ..naming import group_prefix, node_id
 from ..recovery import actions
+from ..runtime import Controller, Result
 from ..state.phases import Phase, allowed
 from ..state.store import iso
 from ..state.transitions import ClusterStatus
@@ -72,7 +73,10 @@ def _replace(cluster: Cluster, node: str, why: str, wait: float) -> bool:
     return actions.replace(cluster, node, why, wait)
 
 
-class HostWatch:
+class HostWatch(Controller):
+    kind = "hosts"
+    backoff = (POLL_S,)
+
     def __init__(self, env: Env, name: str, replace: Replace | None = None, clock: Callable[[], float] = time.time):
         self.env = env
         self.name = name
@@ -90,14 +94,12 @@ class HostWatch:
         self._swarm_reader: threading.Thread | None = None
         self._recorded: dict[str, float] = {}  # host -> when its loss was last recorded
 
-    # -- loop -------------------------------------------------------------------------
-    def run(self, stop: threading.Event) -> None:
-        while not stop.is_set():
-            try:
-                self.poll()
-            except TRANSIENT as e:
-                log.warning("host watch of %s: %s", self.name, e)
-            stop.wait(POLL_S)
+    # -- the controller ---------------------------------------------------------------
+    def reconcile(self, key: str) -> Result:
+        self.poll()
+        return Result(POLL_S)
+
+    def close(self) -> None:
         for t in self._threads:
             t.join(timeout=5)
 

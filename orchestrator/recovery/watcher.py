@@ -2,8 +2,9 @@
 Slurm node states (a poll every 2 s), and reboot or replace nodes that died.
 
 The decision is rules.py's table; the watcher only observes, guards against acting
-twice or on nodes someone else owns, and runs each action on a thread of its own. Run by
-the per-cluster agent as `RecoveryWatcher(env, name).run(stop)`.
+twice or on nodes someone else owns, and runs each action on a thread of its own. A
+controller of the agent's runtime (orchestrator/runtime.py): its poll is `reconcile`, the
+cluster's Docker events reach `watch`.
 """
 
 from __future__ import annotations
@@ -12,11 +13,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
 
 from ..core.context import Cluster, Env
 from ..docker.views import Event
 from ..errors import TRANSIENT, EngineError, EngineUnavailable, report_bug
+from ..runtime import Controller, Result
 from ..slurm.model import DOWN, SlurmNode
 from ..state.transitions import ClusterStatus
 from . import actions
@@ -52,8 +53,11 @@ def _act(cluster: Cluster, action: str, node: str, why: str, wait: float) -> boo
     return fn(cluster, node, why, wait)
 
 
-class RecoveryWatcher:
+class RecoveryWatcher(Controller):
     """Watches one cluster and recovers its nodes; one thread per node action."""
+
+    kind = "recovery"
+    backoff = (POLL_S,)  # an engine hiccup must not end the watch: the next poll
 
     def __init__(self, env: Env, name: str, wait: float = 60.0, act: Act | None = None):
         self.env = env
@@ -69,26 +73,19 @@ class RecoveryWatcher:
         self._snodes: dict[str, SlurmNode] = {}
         self._oom: set[str] = set()
         self._absent_since: dict[str, float] = {}  # running workers Slurm has no record of
-        self._stream: Any = None  # the open Docker event stream, closed on stop
         self._retries_until = 0.0  # look for auto-resume retries until then (RETRY_WATCH_S)
         self._retries_seen: set[int] = set()
 
-    # -- main loop -----------------------------------------------------------------------
-    def run(self, stop: threading.Event) -> None:
-        """Until `stop` is set or the cluster is deleted."""
-        events = threading.Thread(
-            target=self._events_loop, args=(stop,), name=f"hp-watch-events-{self.name}", daemon=True
-        )
-        events.start()
-        while not stop.is_set():
-            try:
-                if not self.poll():
-                    break
-            except TRANSIENT as e:  # an engine hiccup must not end the watch
-                log.warning("poll of %s failed: %s", self.name, e)
-            stop.wait(POLL_S)
-        stop.set()
-        self._close_stream()
+    # -- the controller ---------------------------------------------------------------
+    def reconcile(self, key: str) -> Result:
+        """One poll, and the next in POLL_S; none once the cluster is gone."""
+        return Result(POLL_S) if self.poll() else Result()
+
+    def watch(self, event: Event) -> Iterable[str]:
+        self.on_event(event)
+        return ()
+
+    def close(self) -> None:
         for t in list(self._busy.values()):
             t.join(timeout=self.wait)
 
@@ -258,30 +255,3 @@ class RecoveryWatcher:
         except (EngineUnavailable, EngineError):
             return False
         return True
-
-    # -- Docker events -------------------------------------------------------------------
-    def _events_loop(self, stop: threading.Event) -> None:
-        while not stop.is_set():
-            try:
-                self._stream = self.env.provider.events(self.name)
-                for ev in _until(self._stream, stop):
-                    self.on_event(ev)
-            except (EngineError, EngineUnavailable) as e:  # the engine restarted or the stream broke: reconnect
-                if not stop.is_set():
-                    log.info("event stream of %s broke: %s", self.name, e)
-            stop.wait(1.0)
-
-    def _close_stream(self) -> None:
-        s = self._stream
-        if s is not None:
-            try:
-                s.close()
-            except (EngineError, EngineUnavailable, OSError):  # closing a broken stream
-                pass
-
-
-def _until(stream: Iterable[Event], stop: threading.Event) -> Iterable[Event]:
-    for ev in stream:
-        if stop.is_set():
-            return
-        yield ev

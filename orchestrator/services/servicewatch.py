@@ -1,4 +1,4 @@
-"""The agent's watch over a cluster's services (run as `ServiceWatch(env, name).run(stop)`):
+"""The agent's watch over a cluster's services (a controller of orchestrator/runtime.py):
 
 - a service container that stopped (killed, exited, removed) is brought back at once:
   slurmrestd's (made again when removed), and an older cluster's accounting container
@@ -16,13 +16,15 @@ Whatever NodeRecovery says: the services are the cluster's infrastructure, not n
 from __future__ import annotations
 
 import logging
-import threading
 import time
+from collections.abc import Iterable
 
 from .. import waits
 from ..core.context import Cluster, Env
-from ..docker.views import Container
-from ..errors import TRANSIENT, OperationFailed
+from ..docker.views import Container, Event
+from ..errors import OperationFailed
+from ..naming import SERVICE_HOSTS
+from ..runtime import Controller, Result
 from ..state.transitions import ClusterStatus
 from .accounting import (
     DAEMON_DOWN,
@@ -48,33 +50,29 @@ BACKOFF_S = 30.0
 HANDS_OFF = (ClusterStatus.DELETING, ClusterStatus.ROLLING_BACK, ClusterStatus.FAILED)
 
 
-class ServiceWatch:
+class ServiceWatch(Controller):
+    kind = "services"
+    backoff = (POLL_S,)  # the engine or Slurm did not answer: next round
+
     def __init__(self, env: Env, name: str):
         self.env = env
         self.name = name
         self.cluster = Cluster(env, name)
-        self.kicked = threading.Event()
         self.last: Health | None = None
         self.unhealthy_since: float | None = None
         self.retry_at = 0.0
+        self.next_health = 0.0
 
-    def kick(self) -> None:
-        """A service container's event (die, stop...): look now."""
-        self.kicked.set()
+    def watch(self, event: Event) -> Iterable[str]:
+        """A service container stopped (die, destroy, pause): look now."""
+        return ("",) if event.role in SERVICE_HOSTS and event.action in ("die", "destroy", "pause") else ()
 
-    def run(self, stop: threading.Event) -> None:
-        next_health = 0.0
-        while not stop.is_set():
-            now = time.monotonic()
-            try:
-                self.step(now, check_health=now >= next_health)
-            except TRANSIENT as e:  # the engine or Slurm did not answer: next round
-                log.warning("services of %s: %s", self.name, e)
-            if now >= next_health:
-                next_health = now + HEALTH_EVERY_S
-            if self.kicked.wait(POLL_S):
-                self.kicked.clear()
-                stop.wait(SETTLE_S)
+    def reconcile(self, key: str) -> Result:
+        now = time.monotonic()
+        self.step(now, check_health=now >= self.next_health)
+        if now >= self.next_health:
+            self.next_health = now + HEALTH_EVERY_S
+        return Result(POLL_S)
 
     def _event(self, level: str, text: str) -> None:
         self.env.store.event(self.name, "Cluster", level, f"Cluster {self.name}: {text}")

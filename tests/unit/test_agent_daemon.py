@@ -112,8 +112,6 @@ def test_agent_waits_while_the_controller_does_not_answer(tmp_path):
 
 
 def test_onstart_queue_batches_retries_when_busy_and_reports_failures(monkeypatch):
-    monkeypatch.setattr(onstart_mod, "RETRY_BUSY_S", 0.0)
-
     class Busy(Exception):
         pass
 
@@ -126,15 +124,17 @@ def test_onstart_queue_batches_retries_when_busy_and_reports_failures(monkeypatc
         if a is not None:
             raise a
 
-    q = OnStartQueue(check, Busy, lambda batch, e: errors.append((batch, str(e))), threading.Event())
+    woken = []
+    q = OnStartQueue(check, Busy, lambda batch, e: errors.append((batch, str(e))), lambda *a: woken.append(a))
     q.add("cpu-1")
     q.add("cpu-2")
     q.add("cpu-1")  # never twice
-    q.run_once()  # busy: the batch goes back
+    assert woken == [("on-start", "batch", onstart_mod.GATHER_S)] * 2  # nodes that joined together: one batch
+    assert q.run_once().requeue_after == onstart_mod.RETRY_BUSY_S  # busy: the batch goes back
     q.run_once()  # checked
     assert seen == [["cpu-1", "cpu-2"], ["cpu-1", "cpu-2"]]
     q.add("cpu-3")
     q.run_once()
     assert errors == [(["cpu-3"], "controller down")]
-    q.run_once()  # nothing queued: nothing done
+    assert q.run_once().requeue_after is None  # nothing queued: nothing done
     assert len(seen) == 3

@@ -32,7 +32,7 @@ DOC = PKG.parent / "docs" / "architecture.md"
 # (or a module at the top of orchestrator/) is on one floor; docs/architecture.md names
 # the same floors (test_the_floors_are_the_documented_ones).
 FLOORS: tuple[tuple[str, ...], ...] = (
-    ("errors", "naming", "verdict", "resources", "waits", "releases"),
+    ("errors", "naming", "verdict", "resources", "waits", "releases", "runtime"),
     ("docker", "spec"),
     ("slurm",),
     ("state",),

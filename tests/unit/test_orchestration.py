@@ -16,7 +16,7 @@ from fakes import FakeAgents, FakeProvider, spec_doc, world
 
 import orchestrator.cluster.create as create_mod
 import orchestrator.cluster.reconciler as reconciler
-from orchestrator.agent.daemon import Agent
+from orchestrator.agent.daemon import CLUSTER, Agent, Provisioning
 from orchestrator.cluster import teardown
 from orchestrator.cluster.create import CreateOptions, create
 from orchestrator.cluster.delete import delete
@@ -532,15 +532,21 @@ def test_agent_bug_in_a_group_is_reported_once_and_that_group_left_alone(tmp_pat
     make(w)
     agent = Agent(w.env, "lab")
     c = Cluster(w.env, "lab")
-    rec = GroupReconciler(c, "cpu", Launcher(c, w.env.images(DEFAULT).refs()))
+    prov = Provisioning(agent, c, w.env.images(DEFAULT).refs(), lambda node: None)
+    rt = agent.runtime
+    rt.add(prov)
+    rt.run_once(prov, CLUSTER)  # the spec read: every group's key queued
+    rec = prov.recs.setdefault("cpu", GroupReconciler(c, "cpu", Launcher(c, w.env.images(DEFAULT).refs())))
     monkeypatch.setattr(rec, "step", lambda snodes: 1 / 0)
-    agent._step(rec, {})
-    agent._step(rec, {})
+    rt.run_once(prov, "cpu")
+    rt.run_once(prov, "cpu")
     bugs = [e.description for e in w.env.store.events("lab") if "internal error" in e.description]
     assert len(bugs) == 1 and "ZeroDivisionError" in bugs[0] and "provisioning of group cpu" in bugs[0]
-    assert "cpu" in agent._bugs
+    assert rt.parked("provisioning") == {"cpu"}
     monkeypatch.setattr(rec, "step", lambda snodes: (_ for _ in ()).throw(OperationFailed("engine hiccup")))
-    assert agent._step(rec, {}) == 2.0  # the outside world: tried again soon
+    rt.reset("provisioning")  # a spec change: the group is tried again
+    assert rt.parked("provisioning") == set()
+    assert rt.run_once(prov, "cpu").failed and rt.failures("provisioning", "cpu") == 1  # the outside world: backed off
 
 
 # -- queries, delete --------------------------------------------------------------------

@@ -3,7 +3,6 @@ watcher's observations (a dead container, a node Slurm forgot, an admin's Action
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
@@ -16,6 +15,7 @@ from orchestrator.errors import BadInput, EngineError, EngineUnavailable, Operat
 from orchestrator.recovery import actions, by_hand
 from orchestrator.recovery.rules import REBOOT, RECOVER, REPLACE
 from orchestrator.recovery.watcher import RecoveryWatcher
+from orchestrator.runtime import Runtime
 from orchestrator.spec.model import validate
 from orchestrator.state.phases import Phase
 
@@ -336,14 +336,14 @@ def test_watcher_runs_until_stopped_and_reports_a_bug_in_an_action(w):
 
     wt = RecoveryWatcher(w.env, "lab", act=buggy)
     w.provider.die("lab", "cpu-1")
-    stop = threading.Event()
-    t = threading.Thread(target=wt.run, args=(stop,))
-    t.start()
+    rt = Runtime(w.env.store, "lab")
+    rt.add(wt)
+    rt.start()
     deadline = time.monotonic() + 5
     while not any("internal error" in e.description for e in w.env.store.events("lab")) and time.monotonic() < deadline:
         time.sleep(0.02)
-    stop.set()
-    t.join(5)
+    rt.shutdown()
+    assert not any(t.is_alive() for t in rt._threads)
     bug = next(e.description for e in w.env.store.events("lab") if "internal error" in e.description)
     assert "reboot of cpu-1" in bug or "recover of cpu-1" in bug
     assert wt._retry_at.get("cpu-1", 0) > time.time()  # backed off like a failure: not retried in a loop
