@@ -206,7 +206,14 @@ def _inject(lab: Lab, fault: str, node: str) -> None:
     if fault == "kill":
         lab.container(node).kill()
     elif fault == "pause":
-        lab.container(node).pause()
+        for attempt in range(3):  # the freezer can time out on a loaded host ("unable to freeze"): again
+            try:
+                lab.container(node).pause()
+                break
+            except docker.errors.APIError:
+                if attempt == 2:
+                    raise
+                time.sleep(1.0)
     else:
         r = lab.container("controller-1").exec_run(  # as the admin (root), as HyperPod's users do
             ["scontrol", "update", f"nodename={node}", "state=fail", "reason=Action:Replace"]
