@@ -55,9 +55,9 @@ def docker_available() -> bool:
 # rounded), by node id prefix. pytest-xdist hands tests out in collection order (groups of
 # several tests first), so these are collected first and none of them starts last.
 LONGEST_FIRST = {
+    "tests/e2e/test_autoresume.py": 240,
     "tests/faults/test_agent_sigkill.py::test_agent_sigkill_at_random_moments": 230,
     "tests/e2e/test_json_contract.py": 130,
-    "tests/e2e/test_autoresume.py": 150,
     "tests/faults/test_container_faults.py::test_kill_and_pause": 100,
     "tests/e2e/test_health.py::test_network_fault": 85,
     "tests/e2e/test_health.py::test_on_start": 75,
