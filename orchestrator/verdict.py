@@ -2,13 +2,35 @@
 and the parsing helpers they share. Each tool module (health/tools: stress, iperf, mpi;
 gpu/: nccl, dcgm, judge) holds both the command it runs and the parser/judge of that
 tool's output; parsers
-raise ParseError when a text is not that tool's output at all, judges never raise."""
+raise ParseError when a text is not that tool's output at all, judges never raise. Also
+the words of what is done to a node for what a check (or anyone) found: `Action`."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
+
+
+class Action(StrEnum):
+    """What is done to a node for a fault, weakest first. The one escalation policy
+    (recovery/rules.py, `escalation`) turns one into the step to take now."""
+
+    NONE = "none"  # nothing: healthy, not hp's to judge, or a setup problem (the node is kept as it is)
+    MONITOR = "monitor"  # an event only (an application's XID)
+    REBOOT = "reboot"  # restart the container, and only that (the controller; an admin's Action:reboot)
+    RECOVER = "recover"  # reboot, re-check, and replace if it still fails
+    REPLACE = "replace"  # a new container at once
+
+
+ACTIONS = tuple(Action)  # weakest first
+
+
+def strongest(actions: Iterable[Action]) -> Action:
+    """The strongest of `actions` (NONE for none)."""
+    return max(actions, key=ACTIONS.index, default=Action.NONE)
 
 
 class ParseError(ValueError):

@@ -11,11 +11,19 @@ which reports only what is new. Then (gpu/monitor.py, decide):
 
 - a failing finding drains the node with a reason naming it (`hp:gpu:<action>:<code>
   <message>`, slurm/model.py), and records an event;
-- with `NodeRecovery: Automatic` a replace-class finding replaces the node at once
-  (its GPUs are quarantined first: capacity.quarantine, so the new node gets others),
-  a reboot-class one reboots it once its jobs have ended; the same finding again after
-  a reboot escalates to a replace (a container restart does not reset a GPU);
+- with `NodeRecovery: Automatic` the one escalation policy (recovery/rules.py) acts: a
+  REPLACE-class finding replaces the node at once (its GPUs are quarantined first:
+  capacity.quarantine, so the new node gets others), a RECOVER-class one reboots it once
+  its jobs have ended; the same finding again after that reboot (the re-check) replaces
+  it (a container restart does not reset a GPU);
 - a monitor-class finding (application XIDs, correctable ECC rising) is an event only.
+
+Nothing of this is kept in memory: what waits for an action is read from Slurm (a node
+drained with a monitor's reason, which names the action and the finding) and whether it
+was rebooted for that finding from its recorded phases (the reboot's reason names it),
+so an agent killed between a reboot and its re-check replaces the node when it comes
+back, never reboots it twice. A monitor's output is read from the node's last reboot on:
+what came before is what that reboot was for.
 
 Monitors go with their node: one whose node is gone, or was replaced (a new container:
 `io.hp.watches` names the container watched), is removed; cluster delete removes them
@@ -29,7 +37,6 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from ..core import capacity
 from ..core.context import Cluster, Env
@@ -37,13 +44,15 @@ from ..docker.images import GPU_IMAGES
 from ..docker.views import Container, ContainerSpec, LineStream
 from ..errors import TRANSIENT, guarded
 from ..gpu.judge import FAILING, Finding
-from ..gpu.monitor import MonitorDecision, MonitorState, decide
+from ..gpu.monitor import MonitorDecision, MonitorState, decide, reason_fault
 from ..gpu.wiring import GpuWiringError
 from ..health.requests.gpu_check import condemned_gpus, node_wiring
 from ..naming import L_GPU_MODE, L_ROLE, L_WATCHES, labels, monitor_name
 from ..recovery import actions
+from ..recovery.rules import escalation, rebooted_for
 from ..runtime import Controller, Result
-from ..state.phases import Owner, owner
+from ..state.phases import Owner, Phase, owner
+from ..verdict import Action
 
 log = logging.getLogger("hp.gpuwatch")
 
@@ -55,7 +64,7 @@ MONITOR_MEMORY = 256 << 20
 STEP_S = 5.0
 RETRY_S = 30.0
 
-Act = Callable[[Cluster, str, str, str], bool]  # (cluster, action, node, reason) -> back?
+Act = Callable[[Cluster, Action, str, str], bool]  # (cluster, step, node, reason) -> back?
 
 
 def interval() -> float:
@@ -63,21 +72,6 @@ def interval() -> float:
         return float(os.environ.get("HP_GPU_MONITOR_INTERVAL", "30"))
     except ValueError:
         return 30.0
-
-
-def _act(cluster: Cluster, action: str, node: str, reason: str) -> bool:
-    fn = actions.replace if action == "replace" else actions.reboot
-    return fn(cluster, node, reason)
-
-
-@dataclass
-class Pending:
-    """A node drained for a finding, waiting to be acted on."""
-
-    action: str  # reboot | replace
-    at_once: bool
-    reason: str
-    codes: frozenset[str]
 
 
 class GpuWatch(Controller):
@@ -89,12 +83,10 @@ class GpuWatch(Controller):
         self.cluster = Cluster(env, name)
         self.step_s = step_s
         self.backoff = (step_s,)
-        self._act = act or _act
+        self._act = act or actions.step
         self.lock = threading.RLock()
         self.states: dict[str, MonitorState] = {}  # node -> what its monitor said so far
         self.followers: dict[str, tuple[str, LineStream]] = {}  # node -> (monitor id, its open log stream)
-        self.pending: dict[str, Pending] = {}
-        self.rebooted_for: dict[str, set[str]] = {}  # node -> finding codes a reboot was tried for
         self.busy: dict[str, threading.Thread] = {}
         self.retry_at: dict[str, float] = {}  # node -> when to make its monitor again
         self._said: set[str] = set()  # one-off events already recorded
@@ -116,7 +108,7 @@ class GpuWatch(Controller):
     def step(self) -> None:
         """Monitors follow their nodes; due actions are taken."""
         self.reconcile_monitors()
-        self.act_pending()
+        self.act_due()
 
     # -- monitors -----------------------------------------------------------------------
     def _nodes_and_monitors(self) -> tuple[dict[str, Container], dict[str, Container]]:
@@ -205,7 +197,7 @@ class GpuWatch(Controller):
             if cur is not None and cur[0] == cid:
                 return
             self.states.setdefault(node, MonitorState(expected_gpus=len(ncont.gpus)))
-        stream = self.cluster.p.follow_logs(cid)
+        stream = self.cluster.p.follow_logs(cid, since=self._rebooted_at(node))
         with self.lock:
             self.followers[node] = (cid, stream)
         threading.Thread(target=self._read, args=(node, cid, stream), daemon=True, name=f"gpumon-{node}").start()
@@ -252,31 +244,40 @@ class GpuWatch(Controller):
         d = decide(findings)
         if not d.drain:
             return d
-        codes = frozenset(f.code for f in findings if f.severity in FAILING)
-        action = d.action
-        if action == "reboot" and codes & self.rebooted_for.get(node, set()):
-            action = "replace"  # it came back after a reboot: the GPU needs more than a container restart
+        action = self._step(node, d.action, d.reason)
         try:
             c.slurm.drain([node], d.reason)
         except TRANSIENT as e:
             log.warning("drain %s for %s: %s", node, d.reason, e)
         automatic = c.reload().NodeRecovery == "Automatic"
-        if action not in ("reboot", "replace") or not automatic:
-            why = "NodeRecovery is not Automatic" if action in ("reboot", "replace") else f"action {action}"
+        if action is Action.NONE or not automatic:
+            why = "NodeRecovery is not Automatic" if action is not Action.NONE else f"action {d.action}"
             self._event("Warning", f"{node} drained for a GPU finding ({d.reason}); kept drained: {why}", node, group)
             return d
-        if action == "replace" and cont is not None:
+        if action is Action.REPLACE and cont is not None:
             capacity.quarantine(c.store, self._bad_gpus(node, cont, findings), f"{node}: {d.reason}")
-        with self.lock:
-            self.pending[node] = Pending(action, action == "replace", d.reason, codes)
-        when = "now" if action == "replace" else "when its jobs have ended"
+        when = "now" if action is Action.REPLACE else "when its jobs have ended"
         self._event(
             "Warning",
-            f"{node} drained for a GPU finding ({d.reason}): it will be {'replaced' if action == 'replace' else 'rebooted'} {when}",
+            f"{node} drained for a GPU finding ({d.reason}): it will be {'replaced' if action is Action.REPLACE else 'rebooted'} {when}",
             node,
             group,
         )
-        return MonitorDecision(d.drain, action, action == "replace", d.reason)
+        return MonitorDecision(d.drain, action, action is Action.REPLACE, d.reason)
+
+    def _step(self, node: str, action: Action, reason: str) -> Action:
+        """The escalation's step now for `node`, drained with `reason` (a finding's): a
+        reboot if it was not rebooted for that finding yet, else a replace (from its
+        recorded history: an agent restart changes nothing)."""
+        got = reason_fault(reason)
+        mark = got[1] if got else reason
+        return escalation(action, rebooted_for(self.env.store.node_history(self.name, node), mark))
+
+    def _rebooted_at(self, node: str) -> float | None:
+        """When the node was last rebooted (None: never): its monitor's lines from then on
+        are news, those before were what that reboot was for."""
+        times = [t for phase, _, t in self.env.store.node_history(self.name, node) if phase == Phase.REBOOTING]
+        return times[-1] if times else None
 
     def _bad_gpus(self, node: str, cont: Container, findings: list[Finding]) -> list[str]:
         """The node's GPUs a replace-class finding names (NVML index -> UUID through the
@@ -288,69 +289,64 @@ class GpuWatch(Controller):
             }
         return condemned_gpus(findings, by_index, cont.gpus)
 
-    def act_pending(self) -> None:
-        with self.lock:
-            if not self.pending:
-                return
-            todo = dict(self.pending)
+    def act_due(self) -> None:
+        """Act on the nodes drained for a GPU finding (Slurm says which, and for what), each
+        by the escalation's step from its history, once no one else owns it and, for a
+        reboot, its jobs have ended."""
         c = self.cluster
         try:
-            snodes = {n.name: n for n in c.slurm.nodes()}
+            drained = [n for n in c.slurm.nodes() if n.gpu_finding]
         except TRANSIENT:
+            return
+        if not drained or c.reload().NodeRecovery != "Automatic":
             return
         latest = c.store.latest_phases(c.name)
         now = time.time()
-        for node, pend in todo.items():
-            sn = snodes.get(node)
-            if sn is None or not sn.gpu_finding:  # resumed by someone, or a health check took it
-                with self.lock:
-                    self.pending.pop(node, None)
+        for sn in drained:
+            got = reason_fault(sn.reason)
+            todo = self._step(sn.name, got[0], sn.reason) if got else Action.NONE
+            if todo is Action.NONE:
                 continue
-            phase, _, since = latest.get(node, ("", "", 0.0))
+            phase, _, since = latest.get(sn.name, ("", "", 0.0))
             if owner(phase or None, since, now) not in (Owner.NONE, Owner.RECONCILER):
                 continue  # a health check or a recovery owns it now
-            if not pend.at_once and sn.busy:
+            if todo is not Action.REPLACE and sn.busy:
                 continue  # jobs still running: never killed for a reboot
-            t = self.busy.get(node)
+            t = self.busy.get(sn.name)
             if t is not None and t.is_alive():
                 continue
-            with self.lock:
-                self.pending.pop(node, None)
             t = threading.Thread(
                 target=guarded,
                 args=(
                     self.env.store,
                     self.name,
-                    f"GPU monitor {pend.action} of {node}",
+                    f"GPU monitor {todo} of {sn.name}",
                     log,
                     self._run_action,
-                    node,
-                    pend,
+                    sn.name,
+                    todo,
+                    sn.reason,
                 ),
-                kwargs={"node": node},
+                kwargs={"node": sn.name},
                 daemon=True,
-                name=f"gpumon-act-{node}",
+                name=f"gpumon-act-{sn.name}",
             )
-            self.busy[node] = t
+            self.busy[sn.name] = t
             t.start()
 
-    def _run_action(self, node: str, pend: Pending) -> None:
-        reason = f"GPU finding: {pend.reason}"
+    def _run_action(self, node: str, todo: Action, reason: str) -> None:
         try:
-            ok = self._act(self.cluster, pend.action, node, reason)
+            ok = self._act(self.cluster, todo, node, f"GPU finding: {reason}")
         except TRANSIENT as e:
-            log.warning("%s of %s failed: %s", pend.action, node, e)
+            log.warning("%s of %s failed: %s", todo, node, e)
             ok = False
-        with self.lock:
-            if pend.action == "reboot":
-                self.rebooted_for.setdefault(node, set()).update(pend.codes)
+        if todo is Action.REBOOT:
+            with self.lock:
                 st = self.states.get(node)
                 if st is not None:
                     st.active.clear()  # a condition still there after the reboot is reported again
-            else:
-                self.rebooted_for.pop(node, None)
         if not ok:
-            self._event("Error", f"{pend.action} of {node} for a GPU finding did not bring it back", node)
+            self._event("Error", f"{todo} of {node} for a GPU finding did not bring it back", node)
 
     # -- events -------------------------------------------------------------------------
     def _event(self, level: str, text: str, node: str | None = None, group: str | None = None) -> None:

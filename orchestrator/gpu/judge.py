@@ -3,12 +3,13 @@
 Every problem is a :class:`Finding` with a severity and an action:
 
 severity  info < warning < error < fatal; error and fatal fail the check.
-action    none < monitor < reboot < replace; the verdict's action is the
-          strongest of its findings. With ``NodeRecovery: Automatic`` the core
-          reboots for "reboot" (then checks again and replaces if it still
-          fails) and replaces at once for "replace". "monitor" is an event to
+action    an Action (orchestrator/verdict.py): NONE < MONITOR < RECOVER <
+          REPLACE; the verdict's action is the strongest of its findings. With
+          ``NodeRecovery: Automatic`` the one escalation policy (recovery/rules.py)
+          reboots for RECOVER (then checks again and replaces if it still
+          fails) and replaces at once for REPLACE. MONITOR is an event to
           record (an application XID), never a reason to touch the node. A
-          failing finding with action "none" is a setup problem (wrong wiring,
+          failing finding with action NONE is a setup problem (wrong wiring,
           a missing image): the node stays drained with the reason, nothing is
           rebooted or replaced for it.
 
@@ -26,18 +27,17 @@ result says "DCGM not configured", neither a pass nor a failure.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..verdict import ParseError, Verdict
+from ..verdict import Action, ParseError, Verdict, strongest
 from .dcgm import judge_dcgm, parse_dcgm
 from .discovery import clock_event_names, short_model
 from .nccl import parse_nccl_tests
 from .thresholds import DEFAULT_TOLERANCE, GpuThresholds
 
 SEVERITIES = ("info", "warning", "error", "fatal")
-ACTIONS = ("none", "monitor", "reboot", "replace")
 FAILING = frozenset({"error", "fatal"})
 # all_reduce busbw is judged on sizes from here up (the check runs 16M..4G by 4x).
 NCCL_JUDGE_MIN_BYTES = 1 << 30
@@ -49,12 +49,12 @@ class Finding:
 
     code: str
     severity: str
-    action: str
+    action: Action
     message: str
     gpu: int | None = None
 
     def __post_init__(self) -> None:
-        if self.severity not in SEVERITIES or self.action not in ACTIONS:
+        if self.severity not in SEVERITIES or not isinstance(self.action, Action):
             raise ValueError(f"bad finding {self.code}: severity {self.severity!r}, action {self.action!r}")
 
     @property
@@ -65,7 +65,7 @@ class Finding:
 @dataclass(frozen=True)
 class XidPolicy:
     severity: str
-    action: str
+    action: Action
     what: str
 
 
@@ -75,27 +75,29 @@ class XidPolicy:
 # uncontained ECC) a reset or a replacement; 13/31/43 are usually the
 # application's fault: an event to monitor, never a reason to touch the node.
 XID_TABLE: Mapping[int, XidPolicy] = {
-    13: XidPolicy("warning", "monitor", "graphics engine exception, usually an application fault"),
-    31: XidPolicy("warning", "monitor", "GPU memory page fault, usually an application's illegal access"),
-    43: XidPolicy("warning", "monitor", "GPU stopped processing (the driver reset an application's channel)"),
-    45: XidPolicy("info", "monitor", "preemptive cleanup after an earlier error or a killed process"),
-    48: XidPolicy("fatal", "replace", "double-bit ECC error (uncorrectable memory error)"),
-    61: XidPolicy("error", "reboot", "internal micro-controller breakpoint"),
-    62: XidPolicy("error", "reboot", "internal micro-controller halt"),
-    63: XidPolicy("error", "reboot", "ECC page retirement or row remapping recorded: a GPU reset applies it"),
-    64: XidPolicy("fatal", "replace", "ECC page retirement or row remapping failed"),
-    69: XidPolicy("error", "reboot", "graphics engine class error"),
-    74: XidPolicy("error", "reboot", "NVLink error"),
-    79: XidPolicy("fatal", "reboot", "GPU has fallen off the bus"),
-    92: XidPolicy("warning", "monitor", "high single-bit ECC error rate"),
-    94: XidPolicy("error", "reboot", "contained ECC error: the affected application was stopped, a reset recovers"),
-    95: XidPolicy("fatal", "replace", "uncontained ECC error: every application on the GPU was affected"),
-    119: XidPolicy("error", "reboot", "GSP RPC timeout"),
-    120: XidPolicy("error", "reboot", "GSP error"),
-    140: XidPolicy("fatal", "replace", "unrecovered ECC error"),
-    154: XidPolicy("error", "reboot", "GPU recovery action changed: the driver asks for a reset or reboot"),
+    13: XidPolicy("warning", Action.MONITOR, "graphics engine exception, usually an application fault"),
+    31: XidPolicy("warning", Action.MONITOR, "GPU memory page fault, usually an application's illegal access"),
+    43: XidPolicy("warning", Action.MONITOR, "GPU stopped processing (the driver reset an application's channel)"),
+    45: XidPolicy("info", Action.MONITOR, "preemptive cleanup after an earlier error or a killed process"),
+    48: XidPolicy("fatal", Action.REPLACE, "double-bit ECC error (uncorrectable memory error)"),
+    61: XidPolicy("error", Action.RECOVER, "internal micro-controller breakpoint"),
+    62: XidPolicy("error", Action.RECOVER, "internal micro-controller halt"),
+    63: XidPolicy("error", Action.RECOVER, "ECC page retirement or row remapping recorded: a GPU reset applies it"),
+    64: XidPolicy("fatal", Action.REPLACE, "ECC page retirement or row remapping failed"),
+    69: XidPolicy("error", Action.RECOVER, "graphics engine class error"),
+    74: XidPolicy("error", Action.RECOVER, "NVLink error"),
+    79: XidPolicy("fatal", Action.RECOVER, "GPU has fallen off the bus"),
+    92: XidPolicy("warning", Action.MONITOR, "high single-bit ECC error rate"),
+    94: XidPolicy(
+        "error", Action.RECOVER, "contained ECC error: the affected application was stopped, a reset recovers"
+    ),
+    95: XidPolicy("fatal", Action.REPLACE, "uncontained ECC error: every application on the GPU was affected"),
+    119: XidPolicy("error", Action.RECOVER, "GSP RPC timeout"),
+    120: XidPolicy("error", Action.RECOVER, "GSP error"),
+    140: XidPolicy("fatal", Action.REPLACE, "unrecovered ECC error"),
+    154: XidPolicy("error", Action.RECOVER, "GPU recovery action changed: the driver asks for a reset or reboot"),
 }
-UNKNOWN_XID = XidPolicy("warning", "monitor", "not in hp's XID table")
+UNKNOWN_XID = XidPolicy("warning", Action.MONITOR, "not in hp's XID table")
 
 
 def xid_policy(xid: int) -> XidPolicy:
@@ -112,12 +114,12 @@ def xid_finding(xid: int, gpu: int | None, when: str = "during the check") -> Fi
 # power delivery), a SW thermal slowdown is a warning, a SW power cap is normal
 # under full load.
 CLOCK_REASON_POLICY: Mapping[str, tuple[str, str, str]] = {
-    "hw_slowdown": ("error", "replace", "HW slowdown (the board asserted a slowdown: power or thermal fault)"),
-    "hw_thermal_slowdown": ("error", "replace", "HW thermal slowdown (the GPU overheated)"),
-    "hw_power_brake_slowdown": ("error", "replace", "HW power brake (the system's power supply braked the GPU)"),
+    "hw_slowdown": ("error", Action.REPLACE, "HW slowdown (the board asserted a slowdown: power or thermal fault)"),
+    "hw_thermal_slowdown": ("error", Action.REPLACE, "HW thermal slowdown (the GPU overheated)"),
+    "hw_power_brake_slowdown": ("error", Action.REPLACE, "HW power brake (the system's power supply braked the GPU)"),
     "sw_thermal_slowdown": (
         "warning",
-        "monitor",
+        Action.MONITOR,
         "SW thermal slowdown (clocks lowered to stay under the temperature target)",
     ),
 }
@@ -142,14 +144,14 @@ class GpuVerdict:
     passed: no error or fatal finding. reasons: the messages of the failing
     findings (what the user reads in the drain reason and the status). notes:
     the others (info, warning). figures: measured values and thresholds.
-    action: the strongest action of all findings ("none" without findings).
+    action: the strongest action of all findings (Action.NONE without findings).
     """
 
     passed: bool
     reasons: list[str]
     figures: dict[str, float]
     findings: list[Finding]
-    action: str
+    action: Action
     notes: list[str] = field(default_factory=list)
 
     def verdict(self) -> Verdict:
@@ -158,10 +160,6 @@ class GpuVerdict:
 
     def by_code(self, code: str) -> list[Finding]:
         return [f for f in self.findings if f.code == code]
-
-
-def strongest(actions: Iterable[str]) -> str:
-    return max(actions, key=ACTIONS.index, default="none")
 
 
 def make_verdict(findings: list[Finding], figures: dict[str, float]) -> GpuVerdict:
@@ -195,14 +193,14 @@ class _Judge:
         self.xids: set[int] = set()
         self._missing: tuple[int, list[Any]] | None = None
 
-    def add(self, code: str, severity: str, action: str, message: str, gpu: int | None = None) -> None:
+    def add(self, code: str, severity: str, action: Action, message: str, gpu: int | None = None) -> None:
         self.findings.append(Finding(code, severity, action, message, gpu))
 
     # -- software -------------------------------------------------------------------
     def software(self) -> list[dict[str, Any]]:
         sw = self.doc.get("software")
         if not isinstance(sw, Mapping):
-            self.add("no-software-part", "error", "none", "the GPU check printed no software part")
+            self.add("no-software-part", "error", Action.NONE, "the GPU check printed no software part")
             return []
         if sw.get("status") != "ok":
             why = str(sw.get("why") or "no reason given")
@@ -210,12 +208,12 @@ class _Judge:
                 self.add(
                     "nvml-missing",
                     "error",
-                    "none",
+                    Action.NONE,
                     f"NVML is not usable in the check container ({why}): the driver's files are not "
                     "mounted or the check image is broken",
                 )
             else:
-                self.add("driver-not-answering", "fatal", "reboot", f"the GPU driver does not answer: {why}")
+                self.add("driver-not-answering", "fatal", Action.RECOVER, f"the GPU driver does not answer: {why}")
             if self.expected:
                 self.figures["gpus_expected"] = float(self.expected)
             self.figures["gpus_seen"] = 0.0
@@ -228,7 +226,7 @@ class _Judge:
             self.add(
                 "gpu-lost",
                 "fatal",
-                "reboot",
+                Action.RECOVER,
                 f"a GPU has fallen off the bus (NVML index {x.get('nvml_index')}: {x.get('error')})",
                 x["nvml_index"] if isinstance(x.get("nvml_index"), int) else None,
             )
@@ -236,7 +234,7 @@ class _Judge:
             self.add(
                 "gpus-not-given",
                 "info",
-                "none",
+                Action.NONE,
                 f"{len(other)} GPU(s) of the host are not this node's (no access): not judged",
             )
         if self.expected is not None:
@@ -248,7 +246,7 @@ class _Judge:
                 self.add(
                     "gpu-count-high",
                     "error",
-                    "none",
+                    Action.NONE,
                     f"the node sees {len(gpus)} GPUs, its type has {self.expected}: its GPU wiring "
                     "gives it GPUs that are not its own",
                 )
@@ -262,7 +260,7 @@ class _Judge:
                 self.add(
                     "gpu-model",
                     "error",
-                    "none",
+                    Action.NONE,
                     f"GPU {i} is {name} ({short_model(name)}), the node's type expects {self.model}",
                     i,
                 )
@@ -270,7 +268,7 @@ class _Judge:
                 self.add(
                     "persistence-off",
                     "warning",
-                    "none",
+                    Action.NONE,
                     f"GPU {i}: persistence mode is off (slower first CUDA start; enable it on the host: "
                     "nvidia-smi -pm 1)",
                     i,
@@ -280,13 +278,17 @@ class _Judge:
                 self.add(
                     "compute-prohibited",
                     "error",
-                    "reboot",
+                    Action.RECOVER,
                     f"GPU {i}: compute mode is Prohibited, no CUDA program can run",
                     i,
                 )
             elif isinstance(mode, str) and mode != "Default":
                 self.add(
-                    "compute-exclusive", "warning", "none", f"GPU {i}: compute mode is {mode}, one process at a time", i
+                    "compute-exclusive",
+                    "warning",
+                    Action.NONE,
+                    f"GPU {i}: compute mode is {mode}, one process at a time",
+                    i,
                 )
         return gpus
 
@@ -298,7 +300,7 @@ class _Judge:
             self.add(
                 "gpu-missing",
                 "fatal",
-                "reboot",
+                Action.RECOVER,
                 f"{n} GPU(s) of the type missing ({int(self.figures['gpus_seen'])} of {self.expected}): "
                 "fallen off the bus, a reboot may bring it back",
             )
@@ -306,7 +308,7 @@ class _Judge:
             self.add(
                 "gpu-missing",
                 "fatal",
-                "replace",
+                Action.REPLACE,
                 f"{n} GPU(s) of the type missing: the node sees {int(self.figures['gpus_seen'])} of {self.expected}",
             )
 
@@ -333,18 +335,18 @@ class _Judge:
                 self.add(
                     "ecc-uncorrectable",
                     "fatal",
-                    "replace",
+                    Action.REPLACE,
                     f"GPU {i}: {unc:g} uncorrectable ECC error(s) since the driver loaded{rose}",
                     i,
                 )
         if r.get("ecc_mode_current") is False:
-            self.add("ecc-off", "warning", "none", f"GPU {i}: ECC is disabled, memory errors go undetected", i)
+            self.add("ecc-off", "warning", Action.NONE, f"GPU {i}: ECC is disabled, memory errors go undetected", i)
         agg = _num(r.get("ecc_uncorrected_aggregate"))
         if agg and (unc or 0) == 0:
             self.add(
                 "ecc-history",
                 "info",
-                "none",
+                Action.NONE,
                 f"GPU {i}: {agg:g} uncorrectable ECC error(s) in its lifetime, none since the driver loaded",
                 i,
             )
@@ -354,7 +356,7 @@ class _Judge:
                 self.add(
                     "remap-failure",
                     "fatal",
-                    "replace",
+                    Action.REPLACE,
                     f"GPU {i}: row remapping failed (no spare rows left for a failing memory row)",
                     i,
                 )
@@ -362,7 +364,7 @@ class _Judge:
                 self.add(
                     "remap-pending",
                     "error",
-                    "reboot",
+                    Action.RECOVER,
                     f"GPU {i}: a row remapping is pending, a GPU reset applies it",
                     i,
                 )
@@ -370,7 +372,7 @@ class _Judge:
             self.add(
                 "retired-pages-pending",
                 "error",
-                "reboot",
+                Action.RECOVER,
                 f"GPU {i}: retired pages pending, a GPU reset retires them",
                 i,
             )
@@ -413,7 +415,7 @@ class _Judge:
             self.add(
                 "pcie-width",
                 "error",
-                "replace",
+                Action.REPLACE,
                 f"GPU {i}: PCIe link is x{width_seen:g}, the card and slot support x{width_max:g} "
                 "(a bad seat, riser or slot)",
                 i,
@@ -422,7 +424,7 @@ class _Judge:
             self.add(
                 "pcie-gen",
                 "error",
-                "reboot",
+                Action.RECOVER,
                 f"GPU {i}: PCIe link trained to gen {best_gen:g} under load, the maximum is gen {gen_max:g}",
                 i,
             )
@@ -430,7 +432,7 @@ class _Judge:
             self.add(
                 "pcie-gen-idle",
                 "info",
-                "none",
+                Action.NONE,
                 f"GPU {i}: PCIe link at gen {gen:g} of {gen_max:g} at rest (GPUs lower it to save "
                 "power; judged under load only)",
                 i,
@@ -442,7 +444,7 @@ class _Judge:
         if not isinstance(x, Mapping):
             return
         if x.get("status") == "error":
-            self.add("xid-unwatched", "warning", "none", f"XID events could not be watched: {x.get('why')}")
+            self.add("xid-unwatched", "warning", Action.NONE, f"XID events could not be watched: {x.get('why')}")
         events = [e for e in x.get("events") or [] if isinstance(e, Mapping) and _num(e.get("xid")) is not None]
         self.figures["xid_events"] = float(len(events))
         seen: set[tuple[int, Any]] = set()
@@ -458,14 +460,14 @@ class _Judge:
     def compute(self) -> None:
         c = self.doc.get("compute")
         if not isinstance(c, Mapping):
-            self.add("no-compute-part", "error", "none", "the GPU check printed no compute part")
+            self.add("no-compute-part", "error", Action.NONE, "the GPU check printed no compute part")
             return
         if c.get("status") == "skipped":
             if self.figures.get("gpus_seen"):
-                self.add("compute-skipped", "info", "none", f"compute not run: {c.get('why')}")
+                self.add("compute-skipped", "info", Action.NONE, f"compute not run: {c.get('why')}")
             return
         if c.get("status") == "error" and not c.get("gpus"):
-            self.add("compute-unavailable", "error", "none", f"compute could not run: {c.get('why')}")
+            self.add("compute-unavailable", "error", Action.NONE, f"compute could not run: {c.get('why')}")
             return
         rows = [r for r in c.get("gpus") or [] if isinstance(r, Mapping)]
         gemm: dict[Any, float] = {}
@@ -473,14 +475,14 @@ class _Judge:
         for r in rows:
             i = r.get("index")
             if r.get("error"):
-                self.add("compute-error", "error", "reboot", f"GPU {i}: compute failed: {r['error']}", i)
+                self.add("compute-error", "error", Action.RECOVER, f"GPU {i}: compute failed: {r['error']}", i)
                 continue
             g = r.get("gemm") if isinstance(r.get("gemm"), Mapping) else {}
             if g.get("result_ok") is False:
                 self.add(
                     "gemm-wrong",
                     "fatal",
-                    "replace",
+                    Action.REPLACE,
                     f"GPU {i}: the GEMM computed wrong results (relative error {g.get('max_rel_error')})",
                     i,
                 )
@@ -505,7 +507,7 @@ class _Judge:
             self.add(
                 f"{key}-no-threshold",
                 "info",
-                "none",
+                Action.NONE,
                 f"no {what} threshold for {self.th.model}: judged against the node's best GPU only",
             )
         for i, v in sorted(values.items(), key=lambda kv: str(kv[0])):
@@ -514,7 +516,7 @@ class _Judge:
                 self.add(
                     f"{key}-slow",
                     "error",
-                    "reboot",
+                    Action.RECOVER,
                     f"GPU {i}: {what} {v:.0f} {unit} is below the {self.th.model if self.th else ''} "
                     f"threshold {minimum:g} {unit}",
                     i,
@@ -523,7 +525,7 @@ class _Judge:
                 self.add(
                     f"{key}-slow-vs-node",
                     "error",
-                    "reboot",
+                    Action.RECOVER,
                     f"GPU {i}: {what} {v:.0f} {unit} is {100 * (1 - v / best):.0f}% below the best GPU of "
                     f"the node ({best:.0f} {unit}; tolerance {100 * self.tol:.0f}%)",
                     i,
@@ -548,7 +550,7 @@ class _Judge:
                 self.add(
                     "nccl-one-rank",
                     "info",
-                    "none",
+                    Action.NONE,
                     "one GPU: the intra-node all_reduce is not judged (with one rank busbw is 0 by "
                     "definition, it says nothing about links)",
                 )
@@ -559,7 +561,7 @@ class _Judge:
             self.add(
                 "nccl-failed",
                 "error",
-                "none" if setup else "reboot",
+                Action.NONE if setup else Action.RECOVER,
                 f"intra-node all_reduce across {ranks} GPUs did not run: {why}",
             )
             return
@@ -576,10 +578,12 @@ class _Judge:
         try:
             res = parse_nccl_tests(str(n.get("output") or ""))
         except ParseError as e:
-            self.add("nccl-failed", "error", "reboot", f"all_reduce_perf printed no result: {e}")
+            self.add("nccl-failed", "error", Action.RECOVER, f"all_reduce_perf printed no result: {e}")
             return
         if res.n_ranks and res.n_ranks < 2:
-            self.add("nccl-one-rank", "info", "none", "all_reduce_perf ran one rank: busbw 0 by definition, not judged")
+            self.add(
+                "nccl-one-rank", "info", Action.NONE, "all_reduce_perf ran one rank: busbw 0 by definition, not judged"
+            )
             return
         if res.n_ranks and res.n_ranks != ranks:  # what really ran decides the threshold
             ranks = res.n_ranks
@@ -588,15 +592,15 @@ class _Judge:
             if minimum is not None:
                 self.figures["nccl_min_busbw_gbps"] = minimum
         for e in res.errors:
-            self.add("nccl-failed", "error", "reboot", f"all_reduce_perf: {e}")
+            self.add("nccl-failed", "error", Action.RECOVER, f"all_reduce_perf: {e}")
         if _num(n.get("exit_code")) not in (None, 0.0) and not res.errors:
-            self.add("nccl-failed", "error", "reboot", f"all_reduce_perf exited {n.get('exit_code')}")
+            self.add("nccl-failed", "error", Action.RECOVER, f"all_reduce_perf exited {n.get('exit_code')}")
         wrong = sum((r.oop_wrong or 0) + (r.ip_wrong or 0) for r in res.rows)
         if wrong or (res.out_of_bounds or 0) > 0:
             self.add(
                 "nccl-wrong",
                 "fatal",
-                "replace",
+                Action.REPLACE,
                 f"all_reduce across {ranks} GPUs returned wrong data ({wrong} wrong elements, "
                 f"{res.out_of_bounds or 0} out of bounds)",
             )
@@ -606,14 +610,14 @@ class _Judge:
     def nccl_rows(self, n: Mapping[str, Any], ranks: int, minimum: float | None) -> None:
         rows = [r for r in n.get("rows") or [] if isinstance(r, Mapping)]
         if not rows:
-            self.add("nccl-failed", "error", "reboot", f"intra-node all_reduce gave no result: {n.get('why')}")
+            self.add("nccl-failed", "error", Action.RECOVER, f"intra-node all_reduce gave no result: {n.get('why')}")
             return
         wrong = sum(int(_num(r.get("wrong")) or 0) for r in rows)
         if wrong:
             self.add(
                 "nccl-wrong",
                 "fatal",
-                "replace",
+                Action.REPLACE,
                 f"all_reduce across {ranks} GPUs returned wrong data ({wrong} wrong values)",
             )
         big = [
@@ -628,7 +632,7 @@ class _Judge:
             self.add(
                 "nccl-no-large-sizes",
                 "warning",
-                "none",
+                Action.NONE,
                 f"the all_reduce ran no size >= {NCCL_JUDGE_MIN_BYTES >> 20} MiB: bandwidth not judged",
             )
             return
@@ -638,14 +642,14 @@ class _Judge:
             self.add(
                 "nccl-slow",
                 "error",
-                "reboot",
+                Action.RECOVER,
                 f"intra-node all_reduce busbw {avg:.1f} GB/s across {ranks} GPUs is below {minimum:g} GB/s",
             )
         elif minimum is None:
             self.add(
                 "nccl-no-threshold",
                 "info",
-                "none",
+                Action.NONE,
                 f"no all_reduce threshold for {ranks} GPUs of this model: busbw {avg:.1f} GB/s not judged",
             )
 
@@ -655,14 +659,14 @@ class _Judge:
             self.add(
                 "dcgm-not-configured",
                 "info",
-                "none",
+                Action.NONE,
                 "DCGM not configured: no DCGM image set (HP_DCGM_IMAGE), dcgmi diag was not run",
             )
             self.figures["dcgm_configured"] = 0.0
             return
         self.figures["dcgm_configured"] = 1.0
         if run.error:
-            self.add("dcgm-unavailable", "error", "none", f"DCGM image {run.image} could not run: {run.error}")
+            self.add("dcgm-unavailable", "error", Action.NONE, f"DCGM image {run.image} could not run: {run.error}")
             return
         try:
             result = parse_dcgm(run.output)
@@ -670,7 +674,7 @@ class _Judge:
             self.add(
                 "dcgm-unreadable",
                 "error",
-                "none",
+                Action.NONE,
                 f"dcgmi diag in {run.image} printed no diagnostic (exit {run.exit_code}): {e}",
             )
             return
@@ -680,7 +684,7 @@ class _Judge:
         # reboot resets the GPUs and the driver state; a failed hardware test: replace.
         hardware = any(r.status == "Fail" and r.category not in ("Deployment", "") for r in result.results)
         for reason in v.reasons:
-            self.add("dcgm", "error", "replace" if hardware else "reboot", f"DCGM: {reason}")
+            self.add("dcgm", "error", Action.REPLACE if hardware else Action.RECOVER, f"DCGM: {reason}")
 
 
 def judge_gpu_check(
@@ -717,7 +721,7 @@ def judge_gpu_check(
                     Finding(
                         "unreadable",
                         "error",
-                        "none",
+                        Action.NONE,
                         "the GPU check printed no JSON result: " + (doc.strip()[-300:] or "nothing"),
                     )
                 ],
@@ -728,7 +732,10 @@ def judge_gpu_check(
         return make_verdict(
             [
                 Finding(
-                    "unreadable", "error", "none", 'the JSON is not hp_gpu_check\'s result (no "tool": "hp_gpu_check")'
+                    "unreadable",
+                    "error",
+                    Action.NONE,
+                    'the JSON is not hp_gpu_check\'s result (no "tool": "hp_gpu_check")',
                 )
             ],
             {},

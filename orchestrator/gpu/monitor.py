@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..slurm.model import GPU_MONITOR_PREFIX
-from .judge import FAILING, Finding, strongest, xid_finding
+from ..verdict import ACTIONS, Action, strongest
+from .judge import FAILING, Finding, xid_finding
 
 DRAIN_PREFIX = GPU_MONITOR_PREFIX
 REASON_MAX = 200
@@ -138,10 +139,12 @@ class MonitorState:
                 return self._edge(
                     "xid-unwatched",
                     True,
-                    lambda: Finding("xid-unwatched", "warning", "none", f"XID events are not watched: {x.get('why')}"),
+                    lambda: Finding(
+                        "xid-unwatched", "warning", Action.NONE, f"XID events are not watched: {x.get('why')}"
+                    ),
                 )
         if isinstance(item, Mapping) and item.get("type") == "error":
-            return [Finding("monitor-error", "warning", "none", f"GPU monitor: {item.get('why')}")]
+            return [Finding("monitor-error", "warning", Action.NONE, f"GPU monitor: {item.get('why')}")]
         return []
 
     def feed_line(self, line: str) -> list[Finding]:
@@ -159,7 +162,7 @@ class MonitorState:
             "nvml",
             snap.nvml_error is not None,
             lambda: Finding(
-                "driver-not-answering", "fatal", "reboot", f"the GPU driver stopped answering: {snap.nvml_error}"
+                "driver-not-answering", "fatal", Action.RECOVER, f"the GPU driver stopped answering: {snap.nvml_error}"
             ),
         )
         if snap.nvml_error is not None:
@@ -176,7 +179,7 @@ class MonitorState:
                 lambda old=old: Finding(
                     "gpu-lost",
                     "fatal",
-                    "reboot",
+                    Action.RECOVER,
                     f"GPU {old.index} ({old.uuid}) is gone: fallen off the bus?",
                     old.index,
                 ),
@@ -189,7 +192,10 @@ class MonitorState:
                 "count",
                 n < self.expected_gpus,
                 lambda: Finding(
-                    "gpu-missing", "fatal", "replace", f"the node sees {n} of the {self.expected_gpus} GPUs of its type"
+                    "gpu-missing",
+                    "fatal",
+                    Action.REPLACE,
+                    f"the node sees {n} of the {self.expected_gpus} GPUs of its type",
                 ),
             )
         for uuid, g in snap.gpus.items():
@@ -203,13 +209,13 @@ class MonitorState:
         out += self._edge(
             f"err:{g.uuid}",
             g.error is not None,
-            lambda: Finding("gpu-unreadable", "error", "reboot", f"GPU {i}: NVML cannot read it: {g.error}", i),
+            lambda: Finding("gpu-unreadable", "error", Action.RECOVER, f"GPU {i}: NVML cannot read it: {g.error}", i),
         )
         unc, was = g.ecc_uncorrected_volatile, old.ecc_uncorrected_volatile if old else None
         if unc is not None and unc > 0 and (was is None or unc > was):
             since = f"rose from {was} to {unc}" if was is not None else f"{unc} since the driver loaded"
             out.append(
-                Finding("ecc-uncorrectable", "fatal", "replace", f"GPU {i}: uncorrectable ECC errors {since}", i)
+                Finding("ecc-uncorrectable", "fatal", Action.REPLACE, f"GPU {i}: uncorrectable ECC errors {since}", i)
             )
         cor, cwas = g.ecc_corrected_volatile, old.ecc_corrected_volatile if old else None
         if cor is not None and cwas is not None and cor > cwas:
@@ -217,7 +223,7 @@ class MonitorState:
                 Finding(
                     "ecc-correctable",
                     "info",
-                    "monitor",
+                    Action.MONITOR,
                     f"GPU {i}: correctable ECC errors rose from {cwas} to {cor}",
                     i,
                 )
@@ -225,20 +231,28 @@ class MonitorState:
         out += self._edge(
             f"remap-failure:{g.uuid}",
             bool(g.remap_failure),
-            lambda: Finding("remap-failure", "fatal", "replace", f"GPU {i}: row remapping failed", i),
+            lambda: Finding("remap-failure", "fatal", Action.REPLACE, f"GPU {i}: row remapping failed", i),
         )
         out += self._edge(
             f"remap-pending:{g.uuid}",
             bool(g.remap_pending),
             lambda: Finding(
-                "remap-pending", "error", "reboot", f"GPU {i}: a row remapping is pending, a GPU reset applies it", i
+                "remap-pending",
+                "error",
+                Action.RECOVER,
+                f"GPU {i}: a row remapping is pending, a GPU reset applies it",
+                i,
             ),
         )
         out += self._edge(
             f"retired:{g.uuid}",
             bool(g.retired_pages_pending),
             lambda: Finding(
-                "retired-pages-pending", "error", "reboot", f"GPU {i}: retired pages pending, a reset retires them", i
+                "retired-pages-pending",
+                "error",
+                Action.RECOVER,
+                f"GPU {i}: retired pages pending, a reset retires them",
+                i,
             ),
         )
         return out
@@ -247,11 +261,11 @@ class MonitorState:
 @dataclass(frozen=True)
 class MonitorDecision:
     """drain: take the node out of service (reason names the finding).
-    action: reboot / replace / monitor / none. at_once: act without waiting for
+    action: the findings' (an Action). at_once: act without waiting for
     the node's jobs to end (replace-class findings)."""
 
     drain: bool
-    action: str
+    action: Action
     at_once: bool
     reason: str
 
@@ -262,13 +276,22 @@ def drain_reason(findings: Iterable[Finding]) -> str:
     fails = [f for f in findings if f.severity in FAILING]
     if not fails:
         return ""
-    fails.sort(
-        key=lambda f: (("none", "monitor", "reboot", "replace").index(f.action), f.severity == "fatal"), reverse=True
-    )
+    fails.sort(key=lambda f: (ACTIONS.index(f.action), f.severity == "fatal"), reverse=True)
     top = fails[0]
     more = f" (+{len(fails) - 1} more)" if len(fails) > 1 else ""
     text = f"{DRAIN_PREFIX}{top.action}:{top.code} {top.message}{more}"
     return text if len(text) <= REASON_MAX else text[: REASON_MAX - 3] + "..."
+
+
+def reason_fault(reason: str) -> tuple[Action, str] | None:
+    """What a drain reason of drain_reason's says: (its action, its mark
+    `hp:gpu:<action>:<code>`, which the reason of every reboot for that finding holds:
+    the history says whether the node was rebooted for it). None for another reason."""
+    if not reason.startswith(DRAIN_PREFIX):
+        return None
+    mark = reason.split(" ", 1)[0]
+    word = mark[len(DRAIN_PREFIX) :].split(":", 1)[0]
+    return (Action(word), mark) if word in tuple(Action) else None
 
 
 def decide(findings: Iterable[Finding]) -> MonitorDecision:
@@ -276,5 +299,5 @@ def decide(findings: Iterable[Finding]) -> MonitorDecision:
     fails = [f for f in fs if f.severity in FAILING]
     action = strongest(f.action for f in (fails or fs))
     return MonitorDecision(
-        drain=bool(fails), action=action, at_once=bool(fails) and action == "replace", reason=drain_reason(fs)
+        drain=bool(fails), action=action, at_once=bool(fails) and action == Action.REPLACE, reason=drain_reason(fs)
     )

@@ -23,6 +23,8 @@ from ..naming import ROLE_BY_NODE_TYPE, node_id, split_node
 from ..services.accounting import before_controller_start
 from ..slurm.model import ONSTART_REASON, REBOOTING_REASON, REQUEUED_NOTE, SlurmNode, job_note
 from ..state.phases import Phase, allowed, owner
+from ..verdict import Action
+from .rules import escalation
 
 POLL_S = 0.2
 RESUME_EVERY_S = 2.0
@@ -179,13 +181,37 @@ def replace(cluster: Cluster, node: str, reason: str, wait: float = 60.0, keep_d
     return ok
 
 
-def recover(cluster: Cluster, node: str, reason: str, wait: float = 60.0) -> bool:
-    """Reboot; replace if the reboot does not bring the node back (the controller is only rebooted)."""
-    if reboot(cluster, node, reason, wait):
-        return True
-    if target(cluster, node).role == "controller":
-        return False
-    return replace(cluster, node, f"{reason}; reboot did not bring it back", wait)
+def step(
+    cluster: Cluster, action: Action, node: str, reason: str, wait: float = 60.0, keep_drained: str | None = None
+) -> bool:
+    """One step the escalation policy chose (rules.escalation): REBOOT or REPLACE; True when
+    the node is back. RECOVER runs the whole escalation (`recover`)."""
+    if action is Action.RECOVER:
+        return recover(cluster, node, reason, wait, keep_drained)
+    if action not in (Action.REBOOT, Action.REPLACE):
+        raise ValueError(f"{action!r} is not a step taken on a node")
+    fn = reboot if action is Action.REBOOT else replace
+    return fn(cluster, node, reason, wait, keep_drained=keep_drained)
+
+
+def recover(cluster: Cluster, node: str, reason: str, wait: float = 60.0, keep_drained: str | None = None) -> bool:
+    """RECOVER, by the escalation policy (rules.escalation): reboot; its re-check is the node
+    back in service (reboot's wait); replace if it is not (the controller is only rebooted).
+    Whether it was rebooted is read from the history: a node left Rebooting (a reboot that
+    did not bring it back, here or in an agent that died meanwhile) is replaced."""
+    replaceable = target(cluster, node).role != "controller"
+    for _ in range(2):
+        history = cluster.store.node_history(cluster.name, node)
+        rebooted = bool(history) and history[-1][0] == Phase.REBOOTING
+        todo = escalation(Action.RECOVER, rebooted, replaceable)
+        if todo is Action.NONE:
+            return False
+        why = f"{reason}; reboot did not bring it back" if rebooted else reason
+        if step(cluster, todo, node, why, wait, keep_drained):
+            return True
+        if todo is Action.REPLACE:
+            return False
+    return False
 
 
 def reregister_lost(cluster: Cluster, wait: float = 60.0) -> list[str]:

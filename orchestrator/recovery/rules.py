@@ -1,17 +1,16 @@
-"""Recovery decisions, as data: what to do for which observed fact (`RULES`), and when
-not to act on an observation (`guard`). Pure; the watcher observes and acts."""
+"""Recovery decisions, as data: what to do for which observed fact (`RULES`), when not to
+act on an observation (`guard`), and the one escalation policy (`escalation`: reboot,
+re-check, replace) that recovery, the deep health checks and the GPU watch all follow,
+decided from the node's recorded history (`rebooted_for`). Pure; the callers observe and act."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..slurm.model import SlurmNode
-from ..state.phases import Owner, owner
-
-NONE = "none"
-REBOOT = "reboot"
-REPLACE = "replace"
-RECOVER = "recover"  # reboot, then replace if it does not come back
+from ..state.phases import Owner, Phase, owner
+from ..verdict import Action
 
 ANY = "*"
 LOST_AFTER_S = 15.0  # a running worker unknown to Slurm this long is lost (registration takes ~0.5 s)
@@ -23,41 +22,69 @@ BACKOFF_S = (30.0, 60.0, 120.0, 300.0)  # after a failed recovery, before trying
 #            | admin_hold | not_responding   (SlurmNode.condition gives all but absent/lost)
 
 # (role, container, slurm) -> (action, only when NodeRecovery is Automatic). First match wins.
-RULES: tuple[tuple[tuple[str, str, str], tuple[str, bool]], ...] = (
+RULES: tuple[tuple[tuple[str, str, str], tuple[Action, bool]], ...] = (
     # An admin asked through Slurm (state=fail reason=Action:...): an explicit request,
     # honoured whatever NodeRecovery says.
-    ((ANY, ANY, "action_replace"), (REPLACE, False)),
-    ((ANY, ANY, "action_reboot"), (REBOOT, False)),
+    ((ANY, ANY, "action_replace"), (Action.REPLACE, False)),
+    ((ANY, ANY, "action_reboot"), (Action.REBOOT, False)),
     # Drained/down/failed by someone for a reason of their own: theirs to handle.
-    ((ANY, ANY, "admin_hold"), (NONE, False)),
+    ((ANY, ANY, "admin_hold"), (Action.NONE, False)),
     # No container: removed on purpose (scale-down, delete) or by someone; not a fault
     # hp observed. Provisioning restores counts, not recovery.
-    ((ANY, "missing", ANY), (NONE, False)),
+    ((ANY, "missing", ANY), (Action.NONE, False)),
     # Being created or restarted right now: wait for the outcome.
-    ((ANY, "starting", ANY), (NONE, False)),
+    ((ANY, "starting", ANY), (Action.NONE, False)),
     # The controller's state is on a named volume: restart it, never replace it.
-    (("controller", "died", ANY), (REBOOT, True)),
-    (("controller", "paused", ANY), (REBOOT, True)),
+    (("controller", "died", ANY), (Action.REBOOT, True)),
+    (("controller", "paused", ANY), (Action.REBOOT, True)),
     # A frozen node (docker pause, a stuck cgroup freezer) answers nothing: reboot, then replace.
-    ((ANY, "paused", ANY), (RECOVER, True)),
+    ((ANY, "paused", ANY), (Action.RECOVER, True)),
     # A worker or login container died (killed, OOM, slurmd/sackd exited): reboot, then replace.
-    ((ANY, "died", ANY), (RECOVER, True)),
+    ((ANY, "died", ANY), (Action.RECOVER, True)),
     # The container runs but Slurm says slurmd stopped answering (DOWN / NOT_RESPONDING).
-    (("worker", "running", "not_responding"), (RECOVER, True)),
+    (("worker", "running", "not_responding"), (Action.RECOVER, True)),
     # The container runs but Slurm has had no record of it for LOST_AFTER_S: a controller
     # restart forgot it (state not saved), and slurmd only registers when it starts.
-    (("worker", "running", "lost"), (RECOVER, True)),
+    (("worker", "running", "lost"), (Action.RECOVER, True)),
     # Everything else is healthy, or not hp's to judge.
-    ((ANY, ANY, ANY), (NONE, False)),
+    ((ANY, ANY, ANY), (Action.NONE, False)),
 )
 
 
-def decide(role: str, container: str, slurm: str, automatic: bool) -> str:
+def decide(role: str, container: str, slurm: str, automatic: bool) -> Action:
     """The action for a node's observed facts (see RULES)."""
     for (r, c, s), (action, needs_auto) in RULES:
         if r in (ANY, role) and c in (ANY, container) and s in (ANY, slurm):
-            return NONE if needs_auto and not automatic else action
-    return NONE  # pragma: no cover - the last rule matches everything
+            return Action.NONE if needs_auto and not automatic else action
+    return Action.NONE  # pragma: no cover - the last rule matches everything
+
+
+def escalation(action: Action, rebooted: bool, replaceable: bool = True) -> Action:
+    """The one escalation policy: the step to take now (REBOOT, REPLACE or NONE) for a node
+    whose fault calls for `action`, given whether it was already rebooted for that fault
+    (`rebooted`: its re-check still found it; read from the history, `rebooted_for`).
+    RECOVER reboots first and replaces once a reboot did not help; a node that cannot be
+    replaced (the controller: its state lives on its volume) is then kept as it is. REBOOT
+    and REPLACE are that step; NONE and MONITOR touch nothing."""
+    if action is Action.RECOVER:
+        return Action.REBOOT if not rebooted else (Action.REPLACE if replaceable else Action.NONE)
+    return action if action in (Action.REBOOT, Action.REPLACE) else Action.NONE
+
+
+# A new container for the node: what a reboot before it was for is history of another one.
+NEW_CONTAINER = frozenset({Phase.QUEUED, Phase.LAUNCHING, Phase.REPLACING})
+
+
+def rebooted_for(history: Sequence[tuple[str, str, float]], fault: str) -> bool:
+    """Whether the node was rebooted for `fault` (words its reboot's reason holds) since its
+    container was made, from its recorded phases, oldest first (Store.node_history): the
+    escalation survives an agent restart."""
+    for phase, message, _ in reversed(history):
+        if phase == Phase.REBOOTING and fault in message:
+            return True
+        if phase in NEW_CONTAINER:
+            return False
+    return False
 
 
 def container_condition(state: str | None) -> str:

@@ -20,14 +20,11 @@ from ..errors import TRANSIENT, EngineError, EngineUnavailable, report_bug
 from ..runtime import Controller, Result
 from ..slurm.model import DOWN, SlurmNode
 from ..state.transitions import ClusterStatus
+from ..verdict import Action
 from . import actions
 from .rules import (
     BACKOFF_S,
     LOST_AFTER_S,
-    NONE,
-    REBOOT,
-    RECOVER,
-    REPLACE,
     Seen,
     container_condition,
     decide,
@@ -45,12 +42,7 @@ RETRY_WATCH_S = 660.0
 # Cluster statuses in which the watcher leaves nodes alone: create and delete own them.
 HANDS_OFF_CLUSTER = (ClusterStatus.CREATING, ClusterStatus.DELETING, ClusterStatus.ROLLING_BACK, ClusterStatus.FAILED)
 
-Act = Callable[[Cluster, str, str, str, float], bool]
-
-
-def _act(cluster: Cluster, action: str, node: str, why: str, wait: float) -> bool:
-    fn = {REBOOT: actions.reboot, REPLACE: actions.replace, RECOVER: actions.recover}[action]
-    return fn(cluster, node, why, wait)
+Act = Callable[[Cluster, Action, str, str, float], bool]
 
 
 class RecoveryWatcher(Controller):
@@ -64,7 +56,7 @@ class RecoveryWatcher(Controller):
         self.name = name
         self.cluster = Cluster(env, name)
         self.wait = wait
-        self._act_fn = act or _act
+        self._act_fn = act or actions.step
         self._lock = threading.Lock()
         self._busy: dict[str, threading.Thread] = {}
         self._last_done: dict[str, float] = {}
@@ -200,7 +192,7 @@ class RecoveryWatcher(Controller):
 
     def consider(self, seen: Seen, automatic: bool, recorded: tuple[str, str, float] | None) -> None:
         action = decide(seen.role, seen.container, seen.slurm, automatic)
-        if action == NONE:
+        if action is Action.NONE:
             return
         with self._lock:
             t = self._busy.get(seen.node)
@@ -223,7 +215,7 @@ class RecoveryWatcher(Controller):
             t.start()
         log.info("%s: %s (%s)", seen.node, action, seen.why)
 
-    def _run_action(self, seen: Seen, action: str) -> None:
+    def _run_action(self, seen: Seen, action: Action) -> None:
         if seen.role == "worker":  # a step that held it may run again (srun --auto-resume)
             with self._lock:
                 self._retries_until = time.time() + RETRY_WATCH_S

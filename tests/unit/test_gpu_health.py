@@ -23,7 +23,7 @@ from orchestrator.gpu.judge import (
     xid_policy,
 )
 from orchestrator.gpu.thresholds import load_thresholds
-from orchestrator.verdict import Verdict
+from orchestrator.verdict import Action, Verdict
 
 chk = load_program("hp_gpu_check")
 TABLE = load_thresholds(env={})
@@ -102,7 +102,7 @@ def test_uncorrectable_ecc_rises_during_the_check():
 
 def test_pending_remap():
     """Changed: remapped rows (corr, unc, pending, failure) (0,0,0,0) -> (0,1,1,0)."""
-    only_failure(judge(check_doc([h200_gpu(remapped_rows=[0, 1, 1, 0])])), "remap-pending", "error", "reboot")
+    only_failure(judge(check_doc([h200_gpu(remapped_rows=[0, 1, 1, 0])])), "remap-pending", "error", "recover")
 
 
 def test_remap_failure():
@@ -112,12 +112,12 @@ def test_remap_failure():
 
 def test_retired_pages_pending():
     """Changed: retired pages pending NotSupported -> 1 (as on a pre-A100 GPU with a page to retire)."""
-    only_failure(judge(check_doc([h200_gpu(retired_pages_pending=1)])), "retired-pages-pending", "error", "reboot")
+    only_failure(judge(check_doc([h200_gpu(retired_pages_pending=1)])), "retired-pages-pending", "error", "recover")
 
 
 def test_xid_79():
     """Changed: NVML delivers XID 79 on GPU 0 during the check."""
-    f = only_failure(judge(check_doc(xids=[(0, 79)])), "xid-79", "fatal", "reboot")
+    f = only_failure(judge(check_doc(xids=[(0, 79)])), "xid-79", "fatal", "recover")
     assert "fallen off the bus" in f.message and f.gpu == 0
 
 
@@ -135,10 +135,10 @@ def test_xid_table_and_unknown_xid():
         31: ("warning", "monitor"),
         43: ("warning", "monitor"),
         48: ("fatal", "replace"),
-        63: ("error", "reboot"),
+        63: ("error", "recover"),
         64: ("fatal", "replace"),
-        79: ("fatal", "reboot"),
-        94: ("error", "reboot"),
+        79: ("fatal", "recover"),
+        94: ("error", "recover"),
         95: ("fatal", "replace"),
     }
     assert xid_policy(999).action == "monitor"
@@ -154,7 +154,7 @@ def test_pcie_x8():
 
 def test_pcie_gen_lower_under_load():
     """Changed: current PCIe gen 5 -> 4, at rest and under load."""
-    f = only_failure(judge(check_doc([h200_gpu(pcie_gen=4)])), "pcie-gen", "error", "reboot")
+    f = only_failure(judge(check_doc([h200_gpu(pcie_gen=4)])), "pcie-gen", "error", "recover")
     assert "gen 4 under load" in f.message
 
 
@@ -196,13 +196,13 @@ def test_clock_reasons_at_rest_when_no_load():
 
 def test_gemm_at_half_speed():
     """Changed: GEMM 659.8 -> 330 TFLOP/s (half)."""
-    f = only_failure(judge(check_doc(backend_kw={"gemm": {0: 330.0}})), "gemm-slow", "error", "reboot")
+    f = only_failure(judge(check_doc(backend_kw={"gemm": {0: 330.0}})), "gemm-slow", "error", "recover")
     assert "330 TFLOP/s is below the h200 threshold 550" in f.message
 
 
 def test_hbm_low():
     """Changed: HBM copy 4282 -> 2000 GB/s."""
-    f = only_failure(judge(check_doc(backend_kw={"hbm": {0: 2000.0}})), "hbm-slow", "error", "reboot")
+    f = only_failure(judge(check_doc(backend_kw={"hbm": {0: 2000.0}})), "hbm-slow", "error", "recover")
     assert "2000 GB/s" in f.message
 
 
@@ -214,7 +214,7 @@ def test_one_gpu_slower_than_the_best_of_its_node():
         backend_kw={"gemm": {0: 762.0, 1: 650.0}},
         argv=["--expected-gpus", "2", "--nccl", "off"],
     )
-    f = only_failure(judge(doc, expected=2), "gemm-slow-vs-node", "error", "reboot")
+    f = only_failure(judge(doc, expected=2), "gemm-slow-vs-node", "error", "recover")
     assert f.gpu == 1 and "15% below the best GPU of the node (762" in f.message
     v = judge(doc, expected=2, tolerance=0.2)
     assert v.passed
@@ -231,14 +231,14 @@ def test_gpu_lost_means_reboot():
     doc = check_doc([h200_gpu(0), h200_gpu(1)], handle_errors={1: 15}, argv=["--expected-gpus", "2", "--nccl", "off"])
     v = judge(doc, expected=2)
     assert {f.code for f in v.findings if f.fails} == {"gpu-lost", "gpu-missing"}
-    assert all(f.action == "reboot" for f in v.findings if f.fails) and v.action == "reboot"
+    assert all(f.action == "recover" for f in v.findings if f.fails) and v.action == "recover"
     assert v.by_code("gpu-lost")[0].gpu == 1
 
 
 def test_missing_gpu_after_xid_79_means_reboot():
     """The type has 2 GPUs, the node sees 1, and XID 79 was seen: reboot first."""
     v = judge(check_doc(xids=[(0, 79)]), expected=2)
-    assert v.by_code("gpu-missing")[0].action == "reboot"
+    assert v.by_code("gpu-missing")[0].action == "recover"
 
 
 def test_host_gpus_not_given_are_not_judged():
@@ -259,7 +259,7 @@ def test_software_findings():
     v = judge(check_doc([h200_gpu(persistence=0, compute_mode=3, ecc_mode=[0, 0], ecc_uncorrected_aggregate=4)]))
     assert v.passed and {"persistence-off", "compute-exclusive", "ecc-off", "ecc-history"} <= codes(v)
     v = judge(check_doc([h200_gpu(compute_mode=2)]))
-    only_failure(v, "compute-prohibited", "error", "reboot")
+    only_failure(v, "compute-prohibited", "error", "recover")
 
 
 def test_wrong_model():
@@ -270,7 +270,7 @@ def test_wrong_model():
 
 def test_driver_not_answering():
     """Changed: NVML init answers DriverNotLoaded."""
-    f = only_failure(judge(check_doc(init_error=9)), "driver-not-answering", "fatal", "reboot")
+    f = only_failure(judge(check_doc(init_error=9)), "driver-not-answering", "fatal", "recover")
     assert "Driver Not Loaded" in f.message
     assert judge(check_doc(init_error=9)).figures["gpus_seen"] == 0
 
@@ -288,7 +288,7 @@ def test_compute_failures():
     """Changed: CUDA raises on GPU 0 (compute-error); the GEMM's spot check wrong (gemm-wrong); CuPy not
     loadable (compute-unavailable)."""
     only_failure(
-        judge(check_doc(backend_kw={"errors": {0: "cudaErrorIllegalAddress"}})), "compute-error", "error", "reboot"
+        judge(check_doc(backend_kw={"errors": {0: "cudaErrorIllegalAddress"}})), "compute-error", "error", "recover"
     )
     only_failure(judge(check_doc(backend_kw={"wrong": {0}})), "gemm-wrong", "fatal", "replace")
     nv = FakeNvml()
@@ -333,7 +333,7 @@ def test_nccl_library_rows():
     """Two NVLinked H200 copies; the all_reduce rows (fake) at 240 GB/s busbw: below the 2-GPU NVLink
     threshold (250); then 300 GB/s (passes); then wrong results; then no NVLink (PCIe threshold 15)."""
     v = judge(_two_gpu_doc(), expected=2)
-    f = only_failure(v, "nccl-slow", "error", "reboot")
+    f = only_failure(v, "nccl-slow", "error", "recover")
     assert "240.0 GB/s across 2 GPUs is below 250" in f.message and v.figures["nccl_min_busbw_gbps"] == 250
     rows = [{"size_bytes": s, "busbw_gbps": 300.0, "wrong": 0} for s in (1 << 30, 4 << 30)]
     assert judge(_two_gpu_doc(backend_kw={"nccl_rows": rows}), expected=2).passed
@@ -349,13 +349,13 @@ def test_nccl_library_edge_cases():
     small = [{"size_bytes": 16 << 20, "busbw_gbps": 1.0, "wrong": 0}]
     v = judge(_two_gpu_doc(backend_kw={"nccl_rows": small}), expected=2)
     assert v.passed and "nccl-no-large-sizes" in codes(v)
-    only_failure(judge(_two_gpu_doc(backend_kw={"nccl_rows": []}), expected=2), "nccl-failed", "error", "reboot")
+    only_failure(judge(_two_gpu_doc(backend_kw={"nccl_rows": []}), expected=2), "nccl-failed", "error", "recover")
     v = judge(_two_gpu_doc(), expected=2, th=TABLE.for_model("gb10"), model=None)
     assert v.passed and "nccl-no-threshold" in codes(v)
     doc = _two_gpu_doc(backend_kw={"nccl_ok": (False, "CuPy was built without NCCL")})
     only_failure(judge(doc, expected=2), "nccl-failed", "error", "none")
     doc = _two_gpu_doc(backend_kw={"nccl_error": "NCCL_ERROR_SYSTEM_ERROR"})
-    only_failure(judge(doc, expected=2), "nccl-failed", "error", "reboot")
+    only_failure(judge(doc, expected=2), "nccl-failed", "error", "recover")
 
 
 def test_nccl_tests_outputs():
@@ -374,7 +374,7 @@ def test_nccl_tests_outputs():
     v = judge(
         with_output((FIXTURES / "nccl-tests-all_reduce_perf-2x8-h100.txt").read_text()), expected=2, model=None, th=h100
     )
-    f = only_failure(v, "nccl-slow", "error", "reboot")
+    f = only_failure(v, "nccl-slow", "error", "recover")
     assert "across 16 GPUs is below 400 GB/s" in f.message and v.figures["nccl_ranks"] == 16
     assert v.figures["nccl_busbw_gbps"] == pytest.approx(
         (297.86 + 298.82 + 318.40 + 318.52 + 330.58 + 330.51 + 338.82 + 337.35) / 8, abs=0.01
@@ -384,7 +384,7 @@ def test_nccl_tests_outputs():
     assert "nccl-wrong" in codes(v) and v.action == "replace"
     failed = "# nThread 1 nGpus 2 minBytes 8 maxBytes 128\nTest NCCL failure common.cu:1 'unhandled cuda error'\n"
     v = judge(with_output(failed, code=3), expected=2)
-    assert any("unhandled cuda error" in r for r in v.reasons) and v.action == "reboot"
+    assert any("unhandled cuda error" in r for r in v.reasons) and v.action == "recover"
     v = judge(with_output("# nThread 1 nGpus 2 minBytes 8 maxBytes 128\n", code=1), expected=2)
     assert "all_reduce_perf exited 1" in v.reasons
     v = judge(with_output("segmentation fault\n", code=139), expected=2)
@@ -406,7 +406,7 @@ def test_dcgm_real_failure():
     run = DcgmRun("nvcr.io/nvidia/cloud-native/dcgm:4.2.3", fixture("../dcgm-4.2.3-diag-r1-fail.json"), 226)
     v = judge(check_doc(), dcgm=run)
     fails = [f for f in v.findings if f.fails]
-    assert {f.code for f in fails} == {"dcgm"} and all(f.action == "reboot" for f in fails)
+    assert {f.code for f in fails} == {"dcgm"} and all(f.action == "recover" for f in fails)
     assert any("Persistence mode for GPU 0 is disabled" in r for r in v.reasons)
     assert any("dcgmi exited 226" in r for r in v.reasons) and v.figures["dcgm_configured"] == 1
 
@@ -484,10 +484,10 @@ def test_parts_missing_or_odd():
 
 
 def test_findings_and_actions():
-    assert strongest([]) == "none" and strongest(["monitor", "replace", "reboot"]) == "replace"
+    assert strongest([]) == "none" and strongest(["monitor", "replace", "recover"]) == "replace"
     with pytest.raises(ValueError, match="bad finding x"):
-        Finding("x", "catastrophic", "none", "m")
-    assert Finding("x", "fatal", "replace", "m").fails and not Finding("x", "warning", "monitor", "m").fails
+        Finding("x", "catastrophic", Action.NONE, "m")
+    assert Finding("x", "fatal", Action.REPLACE, "m").fails and not Finding("x", "warning", Action.MONITOR, "m").fails
 
 
 def test_values_not_supported_are_not_judged():

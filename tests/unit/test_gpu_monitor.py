@@ -22,6 +22,7 @@ from orchestrator.gpu.monitor import (
     drain_reason,
     parse_line,
 )
+from orchestrator.verdict import Action
 
 mon = load_program("hp_gpu_monitor")
 
@@ -77,10 +78,10 @@ def test_xid_79_drains_and_reboots_after_jobs():
         {"type": "xid", "t": xid[0]["t"], "index": 0, "uuid": "GPU-3fadaaaa-e57c-b9f1-78a9-3213b39f962c", "xid": 79}
     ]
     findings = MonitorState().feed_lines(json.dumps(x) for x in lines)
-    assert [(f.code, f.severity, f.action) for f in findings] == [("xid-79", "fatal", "reboot")]
+    assert [(f.code, f.severity, f.action) for f in findings] == [("xid-79", "fatal", "recover")]
     d = decide(findings)
-    assert d.drain and d.action == "reboot" and not d.at_once
-    assert d.reason.startswith("hp:gpu:reboot:xid-79 XID 79 on GPU 0 (passive monitoring): GPU has fallen off the bus")
+    assert d.drain and d.action == "recover" and not d.at_once
+    assert d.reason.startswith("hp:gpu:recover:xid-79 XID 79 on GPU 0 (passive monitoring): GPU has fallen off the bus")
 
 
 def test_xid_13_is_recorded_not_drained():
@@ -123,7 +124,7 @@ def test_gpu_lost_mid_run():
     _, lines = run_monitor(nv, hook=hook)
     assert lines[2]["nvml_error"] == "NVMLError: GPU is lost"
     findings = MonitorState().feed_lines(json.dumps(x) for x in lines)
-    assert [(f.code, f.action) for f in findings] == [("driver-not-answering", "reboot")]
+    assert [(f.code, f.action) for f in findings] == [("driver-not-answering", "recover")]
 
 
 def test_nvml_not_ready_at_start_then_ready():
@@ -249,7 +250,7 @@ def test_state_machine_cases():
     assert [(f.code, f.action) for f in out] == [
         ("ecc-uncorrectable", "replace"),
         ("remap-failure", "replace"),
-        ("retired-pages-pending", "reboot"),
+        ("retired-pages-pending", "recover"),
     ]
     assert out[0].message == "GPU 0: uncorrectable ECC errors 3 since the driver loaded"
     # the GPU disappears: lost (and missing vs the type), once; it comes back: cleared
@@ -284,15 +285,15 @@ def test_parse_line_variants():
 
 def test_drain_reason_and_decide():
     fs = [
-        Finding("xid-13", "warning", "monitor", "XID 13"),
-        Finding("remap-pending", "error", "reboot", "pending"),
-        Finding("ecc-uncorrectable", "fatal", "replace", "ECC " + "x" * 300),
+        Finding("xid-13", "warning", Action.MONITOR, "XID 13"),
+        Finding("remap-pending", "error", Action.RECOVER, "pending"),
+        Finding("ecc-uncorrectable", "fatal", Action.REPLACE, "ECC " + "x" * 300),
     ]
     r = drain_reason(fs)
     assert r.startswith("hp:gpu:replace:ecc-uncorrectable ECC xxx") and len(r) == REASON_MAX and r.endswith("...")
-    assert drain_reason(fs[:2]) == "hp:gpu:reboot:remap-pending pending"
+    assert drain_reason(fs[:2]) == "hp:gpu:recover:remap-pending pending"
     assert drain_reason(fs[:1]) == ""
-    assert "(+1 more)" in drain_reason(fs[1:2] + [Finding("xid-74", "error", "reboot", "NVLink")])
+    assert "(+1 more)" in drain_reason(fs[1:2] + [Finding("xid-74", "error", Action.RECOVER, "NVLink")])
     d = decide([])
     assert (d.drain, d.action, d.at_once, d.reason) == (False, "none", False, "")
 

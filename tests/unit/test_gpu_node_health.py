@@ -30,6 +30,7 @@ from orchestrator.releases import DEFAULT
 from orchestrator.slurm.model import SlurmNode
 from orchestrator.spec.model import validate
 from orchestrator.state.health_requests import Records
+from orchestrator.verdict import Action
 
 chk = load_program("hp_gpu_check")
 mon = load_program("hp_gpu_monitor")
@@ -186,9 +187,9 @@ def test_a_configured_dcgm_image_runs_dcgmi_with_the_nodes_gpus(w, monkeypatch):
 def test_condemned_gpus_by_index_else_all_of_the_nodes():
     from orchestrator.gpu.judge import Finding
 
-    ecc = Finding("ecc-uncorrectable", "fatal", "replace", "GPU 1: ...", 1)
-    missing = Finding("gpu-missing", "fatal", "replace", "1 GPU missing")
-    reboot = Finding("xid-79", "fatal", "reboot", "XID 79", 0)
+    ecc = Finding("ecc-uncorrectable", "fatal", Action.REPLACE, "GPU 1: ...", 1)
+    missing = Finding("gpu-missing", "fatal", Action.REPLACE, "1 GPU missing")
+    reboot = Finding("xid-79", "fatal", Action.RECOVER, "XID 79", 0)
     assert condemned_gpus([ecc, reboot], {0: "A", 1: "B"}, ["A", "B"]) == ["B"]
     assert condemned_gpus([ecc, missing], {0: "A", 1: "B"}, ["A", "B"]) == ["A", "B"]
     assert condemned_gpus([ecc], {0: "A"}, ["A", "B"]) == ["A", "B"]  # index unknown: all of them
@@ -214,12 +215,15 @@ def monitor_lines(nv: FakeNvml, hook=None) -> list[str]:
 
 
 class Acts:
+    """The agent's steps, recorded, then taken for real on the fakes (their phases are
+    the history the next decision reads)."""
+
     def __init__(self):
         self.done: list[tuple[str, str]] = []
 
     def __call__(self, cluster, action, node, reason):
         self.done.append((action, node))
-        return True
+        return actions.step(cluster, action, node, reason, wait=5)
 
 
 def watch(w):
@@ -265,9 +269,9 @@ def test_monitor_lines_are_followed_xid_79_drains_and_reboots_when_jobs_end(w):
     w.slurm.set("gpu-1", "ALLOCATED")  # a job runs on it
     for line in lines:
         w.provider.push_log(monitor_name("lab", "gpu-1"), line)
-    wait_for(lambda: "gpu-1" in gw.pending)
+    wait_for(lambda: w.slurm.nodes_["gpu-1"].gpu_finding)
     sn = w.slurm.nodes_["gpu-1"]
-    assert sn.drained and sn.reason.startswith("hp:gpu:reboot:xid-79") and sn.gpu_finding
+    assert sn.drained and sn.reason.startswith("hp:gpu:recover:xid-79") and sn.gpu_finding
     gw.step()
     assert gw.acts.done == []  # its job still runs: a reboot waits
     w.slurm.nodes_["gpu-1"] = SlurmNode("gpu-1", ("IDLE", "DRAIN"), sn.reason)
@@ -283,7 +287,6 @@ def test_uncorrectable_ecc_replaces_at_once_and_quarantines_the_gpu(w):
     w.slurm.set("gpu-1", "ALLOCATED")
     for line in monitor_lines(FakeNvml([h200_gpu(uuid=h200_uuid(0), ecc_uncorrected_volatile=1)])):
         gw.on_line("gpu-1", line)
-    assert gw.pending["gpu-1"].action == "replace"
     assert list(capacity.quarantined(w.env.store)) == [h200_uuid(0)]
     gw.step()
     wait_for(lambda: gw.acts.done == [("replace", "gpu-1")])  # at once, its job or not
@@ -294,13 +297,15 @@ def test_an_application_xid_is_an_event_and_a_manual_cluster_is_only_drained(w):
     gw = watch(w)
     for line in monitor_lines(FakeNvml([h200_gpu()], xids=[(0, 13)])):
         gw.on_line("gpu-1", line)
-    assert not w.slurm.nodes_["gpu-1"].drained and not gw.pending
+    gw.step()
+    assert not w.slurm.nodes_["gpu-1"].drained and gw.acts.done == []
     assert any("xid-13" in e for e in events(w))
     w.env.store.update_spec("lab", lambda s: {**s, "NodeRecovery": "None"})
     gw2 = watch(w)
     for line in monitor_lines(FakeNvml([h200_gpu()], xids=[(0, 79)])):
         gw2.on_line("gpu-1", line)
-    assert w.slurm.nodes_["gpu-1"].gpu_finding and not gw2.pending
+    gw2.step()
+    assert w.slurm.nodes_["gpu-1"].gpu_finding and gw2.acts.done == []
     assert any("kept drained: NodeRecovery is not Automatic" in e for e in events(w))
 
 
@@ -310,17 +315,57 @@ def test_a_finding_back_after_a_reboot_escalates_to_replace(w):
     pending = monitor_lines(FakeNvml([h200_gpu(remapped_rows=[0, 1, 1, 0])]))
     for line in pending:
         gw.on_line("gpu-1", line)
-    assert gw.pending["gpu-1"].action == "reboot"
+    assert w.slurm.nodes_["gpu-1"].reason.startswith("hp:gpu:recover:remap-pending")
     gw.step()
-    wait_for(lambda: gw.acts.done == [("reboot", "gpu-1")])
-    wait_for(lambda: not gw.busy["gpu-1"].is_alive())
-    w.slurm.set("gpu-1", "IDLE")  # back in service after the reboot
-    for line in pending[1:]:  # the next snapshots still show it
+    wait_for(lambda: gw.acts.done == [("reboot", "gpu-1")], timeout=10)
+    wait_for(lambda: not gw.busy["gpu-1"].is_alive(), timeout=10)
+    assert not w.slurm.nodes_["gpu-1"].drained  # back in service after the reboot
+    for line in pending[1:]:  # the next snapshots still show it: the re-check
         gw.on_line("gpu-1", line)
-    assert gw.pending["gpu-1"].action == "replace"
+    gw.step()
+    wait_for(lambda: gw.acts.done == [("reboot", "gpu-1"), ("replace", "gpu-1")], timeout=10)
+    gw.close()
+
+
+def test_an_agent_restarted_between_the_reboot_and_the_re_check_replaces(w):
+    """Changed: a row remap stays pending after the reboot, and the agent that rebooted the
+    node is gone before the re-check (a new GpuWatch: nothing of the old one's memory)."""
+    first = watch(w)
+    pending = monitor_lines(FakeNvml([h200_gpu(remapped_rows=[0, 1, 1, 0])]))
+    for line in pending:
+        first.on_line("gpu-1", line)
+    first.step()
+    wait_for(lambda: first.acts.done == [("reboot", "gpu-1")], timeout=10)
+    wait_for(lambda: not first.busy["gpu-1"].is_alive(), timeout=10)
+    first.close()
+    again = watch(w)
+    d = None
+    for line in pending:  # the re-check: the new agent's first look at the monitor
+        d = again.on_line("gpu-1", line) or d
+    assert d is not None and d.action == "replace" and d.at_once
+    assert any("it will be replaced now" in e for e in events(w))
+    again.step()
+    wait_for(lambda: again.acts.done == [("replace", "gpu-1")], timeout=10)
+    wait_for(lambda: not again.busy["gpu-1"].is_alive(), timeout=10)
+    history = [p for p, _, _ in w.env.store.node_history("lab", "gpu-1")]
+    assert history.count("Rebooting") == 1 and history[-2:] == ["Replacing", "Running"]
+    again.close()
+
+
+def test_a_node_drained_before_an_agent_restart_is_acted_on_by_the_next(w):
+    """Changed: the agent that drained the node for XID 79 is gone before it acted: the next
+    one reads what to do from Slurm's drain reason alone."""
+    first = watch(w)
+    for line in monitor_lines(FakeNvml([h200_gpu()], xids=[(0, 79)])):
+        first.on_line("gpu-1", line)
+    first.close()
+    again = watch(w)
+    again.step()
+    wait_for(lambda: again.acts.done == [("reboot", "gpu-1")], timeout=10)
+    again.close()
 
 
 def test_a_health_check_may_take_a_node_the_monitor_drained():
-    sn = SlurmNode("gpu-1", ("IDLE", "DRAIN"), "hp:gpu:reboot:xid-79 XID 79 on GPU 0")
+    sn = SlurmNode("gpu-1", ("IDLE", "DRAIN"), "hp:gpu:recover:xid-79 XID 79 on GPU 0")
     assert claim(sn).drain and not sn.admin_hold and sn.condition() == "ok"
     assert not claim(sn, on_start=True).drain

@@ -26,6 +26,7 @@ from orchestrator.slurm.model import health_reason as reason
 from orchestrator.slurm.model import is_health_reason as is_ours
 from orchestrator.slurm.model import is_ours as is_hp_reason
 from orchestrator.spec.catalogue import InstanceType
+from orchestrator.verdict import Action
 
 NANO = InstanceType("cpu.nano", 1, 0.05, 256, health={"IperfGbps": 0.2})
 
@@ -111,7 +112,7 @@ def test_idle_drained_and_reasons():
 
 def test_one_prefix_tells_hps_reasons_from_an_admins_also_those_of_the_previous_version():
     ours = [reason("hc-1", "InstanceStress"), ONSTART_REASON, REMOVING_REASON, REBOOTING_REASON, DELETING_REASON]
-    ours.append(drain_reason([Finding("xid-79", "fatal", "reboot", "XID 79")]))
+    ours.append(drain_reason([Finding("xid-79", "fatal", Action.RECOVER, "XID 79")]))
     assert all(r.startswith(REASON_PREFIX) and is_hp_reason(r) for r in ours), ours
     assert not any(is_hp_reason(r) for r in ("admin work", "Not responding", "Action:Reboot", "hpc upgrade"))
     # a cluster created before one prefix: its drains stay hp's, read as what they became

@@ -13,11 +13,11 @@ from orchestrator.core.context import Cluster
 from orchestrator.docker.views import Event
 from orchestrator.errors import BadInput, EngineError, EngineUnavailable, OperationFailed
 from orchestrator.recovery import actions, by_hand
-from orchestrator.recovery.rules import REBOOT, RECOVER, REPLACE
 from orchestrator.recovery.watcher import RecoveryWatcher
 from orchestrator.runtime import Runtime
 from orchestrator.spec.model import validate
 from orchestrator.state.phases import Phase
+from orchestrator.verdict import Action
 
 
 @pytest.fixture
@@ -277,7 +277,7 @@ def test_watcher_recovers_a_dead_worker_and_reboots_a_dead_controller(w):
     w.slurm.up = False
     assert wt.poll()
     join(wt)
-    assert sorted(a[:2] for a in calls) == [(REBOOT, "controller-1"), (RECOVER, "cpu-1")]
+    assert sorted(a[:2] for a in calls) == [(Action.REBOOT, "controller-1"), (Action.RECOVER, "cpu-1")]
 
 
 def test_watcher_honours_an_admins_action_and_leaves_a_hold_alone(w):
@@ -287,7 +287,7 @@ def test_watcher_honours_an_admins_action_and_leaves_a_hold_alone(w):
     w.slurm.set("cpu-2", "IDLE", "DRAIN", reason="bad DIMM")
     wt.poll()
     join(wt)
-    assert [c[:2] for c in calls] == [(REPLACE, "cpu-1")] and "requested through Slurm" in calls[0][2]
+    assert [c[:2] for c in calls] == [(Action.REPLACE, "cpu-1")] and "requested through Slurm" in calls[0][2]
 
 
 def test_watcher_keeps_its_hands_off_nodes_others_own_and_clusters_being_made(w):
@@ -312,7 +312,7 @@ def test_watcher_acts_on_docker_die_events(w):
     wt.on_event(Event("oom", c.id, dict(c.spec.labels), time.time()))
     wt.on_event(Event("die", c.id, dict(c.spec.labels), time.time(), 137))
     join(wt)
-    assert calls and calls[0][:2] == (RECOVER, "cpu-2") and "out of memory" in calls[0][2]
+    assert calls and calls[0][:2] == (Action.RECOVER, "cpu-2") and "out of memory" in calls[0][2]
     wt.on_event(Event("start", c.id, dict(c.spec.labels), time.time()))  # not a fault
     wt.on_event(Event("die", c.id, {"io.hp.role": "check"}, time.time()))  # not a node
     join(wt)
@@ -327,7 +327,7 @@ def test_watcher_acts_on_a_pause_event_without_waiting_for_its_poll(w):
     ctl = w.provider.node("lab", "controller-1")
     wt.on_event(Event("pause", ctl.id, dict(ctl.spec.labels), time.time()))
     join(wt)
-    assert calls and calls[0][:2] == (REBOOT, "controller-1")
+    assert calls and calls[0][:2] == (Action.REBOOT, "controller-1")
 
 
 def test_watcher_runs_until_stopped_and_reports_a_bug_in_an_action(w):
@@ -368,12 +368,12 @@ def test_a_recovery_that_failed_because_the_engine_was_down_is_tried_again_soon(
     wt.poll()
     join(wt)
     w.provider.up = True
-    assert calls == [(REBOOT, "controller-1")]
+    assert calls == [(Action.REBOOT, "controller-1")]
     assert wt._retry_at["controller-1"] - time.time() <= 2.0 and "controller-1" not in wt._failures
     time.sleep(2.05)
     wt.poll()
     join(wt)
-    assert calls == [(REBOOT, "controller-1")] * 2  # acted again on the node its failed action left Rebooting
+    assert calls == [(Action.REBOOT, "controller-1")] * 2  # acted again on the node its failed action left Rebooting
 
 
 def test_a_recovery_that_failed_with_the_engine_up_backs_off(w):

@@ -7,10 +7,6 @@ import threading
 import pytest
 
 from orchestrator.recovery.rules import (
-    NONE,
-    REBOOT,
-    RECOVER,
-    REPLACE,
     RULES,
     Seen,
     container_condition,
@@ -20,6 +16,7 @@ from orchestrator.recovery.rules import (
 )
 from orchestrator.recovery.watcher import RecoveryWatcher
 from orchestrator.slurm.model import SlurmNode
+from orchestrator.verdict import Action
 
 
 def sn(*state: str, reason: str = "") -> SlurmNode:
@@ -70,28 +67,28 @@ def test_slurm_condition(node, expected):
 @pytest.mark.parametrize(
     "role,container,slurm,automatic,expected",
     [
-        ("worker", "died", "ok", True, RECOVER),
-        ("worker", "died", "ok", False, NONE),  # NodeRecovery None: a dead node stays dead
-        ("login", "died", "absent", True, RECOVER),
-        ("controller", "died", "absent", True, REBOOT),  # never replaced
-        ("controller", "died", "absent", False, NONE),
-        ("controller", "paused", "ok", True, REBOOT),
-        ("worker", "paused", "not_responding", True, RECOVER),
-        ("worker", "paused", "ok", False, NONE),
-        ("worker", "running", "not_responding", True, RECOVER),
-        ("worker", "running", "not_responding", False, NONE),
-        ("worker", "running", "action_reboot", False, REBOOT),  # explicit requests, whatever NodeRecovery
-        ("worker", "running", "action_replace", False, REPLACE),
-        ("worker", "died", "action_replace", True, REPLACE),
-        ("worker", "died", "admin_hold", True, NONE),  # drained by someone else
-        ("worker", "running", "admin_hold", True, NONE),
-        ("worker", "missing", "not_responding", True, NONE),  # removed on purpose (scale-down)
-        ("worker", "starting", "not_responding", True, NONE),
-        ("worker", "running", "ok", True, NONE),
-        ("worker", "running", "absent", True, NONE),  # not registered yet
-        ("worker", "running", "lost", True, RECOVER),  # forgotten by a controller restart
-        ("worker", "running", "lost", False, NONE),
-        ("login", "running", "lost", True, NONE),
+        ("worker", "died", "ok", True, Action.RECOVER),
+        ("worker", "died", "ok", False, Action.NONE),  # NodeRecovery None: a dead node stays dead
+        ("login", "died", "absent", True, Action.RECOVER),
+        ("controller", "died", "absent", True, Action.REBOOT),  # never replaced
+        ("controller", "died", "absent", False, Action.NONE),
+        ("controller", "paused", "ok", True, Action.REBOOT),
+        ("worker", "paused", "not_responding", True, Action.RECOVER),
+        ("worker", "paused", "ok", False, Action.NONE),
+        ("worker", "running", "not_responding", True, Action.RECOVER),
+        ("worker", "running", "not_responding", False, Action.NONE),
+        ("worker", "running", "action_reboot", False, Action.REBOOT),  # explicit requests, whatever NodeRecovery
+        ("worker", "running", "action_replace", False, Action.REPLACE),
+        ("worker", "died", "action_replace", True, Action.REPLACE),
+        ("worker", "died", "admin_hold", True, Action.NONE),  # drained by someone else
+        ("worker", "running", "admin_hold", True, Action.NONE),
+        ("worker", "missing", "not_responding", True, Action.NONE),  # removed on purpose (scale-down)
+        ("worker", "starting", "not_responding", True, Action.NONE),
+        ("worker", "running", "ok", True, Action.NONE),
+        ("worker", "running", "absent", True, Action.NONE),  # not registered yet
+        ("worker", "running", "lost", True, Action.RECOVER),  # forgotten by a controller restart
+        ("worker", "running", "lost", False, Action.NONE),
+        ("login", "running", "lost", True, Action.NONE),
     ],
 )
 def test_decide(role, container, slurm, automatic, expected):
@@ -99,7 +96,7 @@ def test_decide(role, container, slurm, automatic, expected):
 
 
 def test_table_ends_with_a_catch_all():
-    assert RULES[-1] == (("*", "*", "*"), (NONE, False))
+    assert RULES[-1] == (("*", "*", "*"), (Action.NONE, False))
 
 
 def seen(at: float = 100.0) -> Seen:
@@ -168,7 +165,7 @@ def test_watcher_never_acts_twice_on_a_node_at_once():
     w.consider(Seen("cpu-2", "worker", "died", "ok", 100.0, "died"), True, None)  # another node: concurrently
     for t in list(w._busy.values()):
         t.join(0.5)  # both still blocked on the gate: they have started, and only once each
-    assert sorted(calls) == [(RECOVER, "cpu-1"), (RECOVER, "cpu-2")]
+    assert sorted(calls) == [(Action.RECOVER, "cpu-1"), (Action.RECOVER, "cpu-2")]
     gate.set()
     for t in list(w._busy.values()):
         t.join(5)
@@ -184,3 +181,28 @@ def test_absent_becomes_lost_only_after_a_while():
     assert w._lost("cpu-1", "ok", 117.0, True) == "ok"  # registered: the clock restarts
     assert w._lost("cpu-1", "absent", 118.0, True) == "absent"
     assert w._lost("cpu-1", "absent", 200.0, False) == "absent"  # Slurm did not answer: no verdict
+
+
+def test_the_one_escalation_policy():
+    """RECOVER reboots, then replaces once a reboot did not help; the controller is kept."""
+    from orchestrator.recovery.rules import escalation
+
+    assert escalation(Action.RECOVER, rebooted=False) is Action.REBOOT
+    assert escalation(Action.RECOVER, rebooted=True) is Action.REPLACE
+    assert escalation(Action.RECOVER, rebooted=True, replaceable=False) is Action.NONE
+    assert escalation(Action.REPLACE, rebooted=False) is Action.REPLACE
+    assert escalation(Action.REBOOT, rebooted=True) is Action.REBOOT  # an explicit reboot is only that
+    assert escalation(Action.MONITOR, rebooted=False) is escalation(Action.NONE, rebooted=True) is Action.NONE
+
+
+def test_rebooted_for_reads_the_history_since_the_container_was_made():
+    from orchestrator.recovery.rules import rebooted_for
+
+    mark = "hp:gpu:recover:xid-79"
+    rebooted = [("Queued", "", 1.0), ("Launching", "", 2.0), ("Running", "", 3.0)]
+    rebooted += [("Rebooting", f"rebooting: GPU finding: {mark} XID 79", 4.0), ("Running", "", 5.0)]
+    assert rebooted_for(rebooted, mark)
+    assert not rebooted_for(rebooted, "hp:gpu:recover:remap-pending")  # rebooted for another finding
+    replaced = rebooted + [("Replacing", f"replacing: GPU finding: {mark}", 6.0), ("Running", "", 7.0)]
+    assert not rebooted_for(replaced, mark)  # a new container: its reboots are to come
+    assert not rebooted_for([], mark)

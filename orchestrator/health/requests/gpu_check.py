@@ -28,6 +28,7 @@ from ...gpu.thresholds import thresholds_checked
 from ...gpu.wiring import GpuWiring, GpuWiringError
 from ...naming import L_GPU_MODEL, L_GPUS
 from ...spec.catalogue import InstanceType
+from ...verdict import Action
 from . import sidecar
 
 log = logging.getLogger("hp.health")
@@ -79,7 +80,7 @@ def condemned_gpus(findings: Sequence[Finding], by_index: Mapping[int, str], nod
     replacement gets others): those named by NVML index (through `by_index`: index ->
     UUID as the check or monitor saw them); every GPU of the node when a finding names
     none (a GPU missing, a wrong all_reduce)."""
-    bad = [f for f in findings if f.fails and f.action == "replace"]
+    bad = [f for f in findings if f.fails and f.action is Action.REPLACE]
     if not bad:
         return []
     named = {by_index.get(f.gpu) for f in bad if f.gpu is not None}
@@ -111,7 +112,7 @@ class GpuCheckResult:
 
 
 def _setup_failure(code: str, message: str) -> GpuVerdict:
-    return make_verdict([Finding(code, "error", "none", message)], {})
+    return make_verdict([Finding(code, "error", Action.NONE, message)], {})
 
 
 def run_dcgm(cluster: Cluster, node: Container, wiring: GpuWiring, rid: str, level: int) -> DcgmRun | None:
@@ -154,7 +155,7 @@ def run_gpu_check(
         return GpuCheckResult(_setup_failure("gpu-wiring", msg), msg)
     if wiring is None:
         msg = "stand-in GPUs (HP_GPUS): there is no real GPU to check"
-        return GpuCheckResult(make_verdict([Finding("gpu-stand-in", "warning", "none", msg)], {}), msg)
+        return GpuCheckResult(make_verdict([Finding("gpu-stand-in", "warning", Action.NONE, msg)], {}), msg)
     sc = sidecar.start(cluster, node, image, rid, gpus=wiring)
     try:
         res = sidecar.run(cluster, sc, check_argv(itype.gpus, opts))

@@ -21,14 +21,15 @@ from ...core import capacity
 from ...core.context import Cluster, parallel
 from ...docker.images import CHECK_IMAGES
 from ...errors import TRANSIENT, OperationFailed, report_bug
-from ...gpu.judge import FAILING, strongest
+from ...gpu.judge import FAILING
 from ...recovery import actions as recovery
+from ...recovery.rules import escalation, rebooted_for
 from ...slurm.model import ONSTART_REASON, SlurmNode, health_reason, is_health_reason
 from ...spec.catalogue import InstanceType
 from ...state.health_requests import Records, Result, output_dir
 from ...state.phases import Phase
 from ...state.transitions import RequestState
-from ...verdict import Verdict
+from ...verdict import Action, Verdict, strongest
 from ..tools.limits import CpuBudget, grant_problems
 from ..tools.stress import (
     MEMORY_COMMAND,
@@ -69,9 +70,9 @@ class NodeRun:
     itype: InstanceType
     failed: dict[str, Outcome] = field(default_factory=dict)  # check -> short why
     error: str = ""  # an internal error (a bug in hp): the node is not judged
-    # what recovery does when it failed: "" reboot, re-check, then replace (CPU checks);
-    # a GPU finding's action: "reboot" (the same), "replace" (at once), "none" (kept drained)
-    action: str = ""
+    # what recovery does when it failed (rules.escalation): RECOVER (CPU checks; a GPU
+    # finding's too: reboot, re-check, replace), REPLACE (at once), NONE (kept drained)
+    action: Action = Action.RECOVER
     condemned: list[str] = field(default_factory=list)  # GPUs a replace-class finding names: quarantined
 
 
@@ -92,6 +93,12 @@ class Engine:
 
     def label(self) -> str:
         return health_reason(self.rid, "+".join(self.opts.checks))
+
+    @property
+    def fault(self) -> str:
+        """The words that begin the reason of each reboot or replace this request makes: its
+        history says whether it rebooted a node already (rules.rebooted_for)."""
+        return f"deep health check {self.rid} "
 
     def isolate(self, nodes: list[str]) -> tuple[list[str], dict[str, Outcome]]:
         """Drain the nodes hp may take (never one drained for a foreign reason) and
@@ -205,10 +212,10 @@ class Engine:
         if not v.passed:
             run.failed["InstanceStress"] = v.reasons[0][:150]
 
-    def run_stress(self, itype: InstanceType, sc: sidecar.Sidecar) -> tuple[Verdict, str, str, list[str], list[str]]:
+    def run_stress(self, itype: InstanceType, sc: sidecar.Sidecar) -> tuple[Verdict, str, Action, list[str], list[str]]:
         """The stress run (and on GPU nodes the GPU check) in the node's check
         container(s): (verdict, output, recovery action, notes, condemned GPUs). The
-        action is the GPU findings' when the GPU check failed ("" otherwise: reboot,
+        action is the GPU findings' when the GPU check failed (RECOVER otherwise: reboot,
         re-check, replace)."""
         before = parse_cgroup_memory(sidecar.run(self.c, sc, MEMORY_COMMAND).output)
         cpus = cpu_instances(sc.limits.granted_cpus)
@@ -227,10 +234,10 @@ class Engine:
             v = judge(itype, out, sc.limits.granted_cpus, [], before, res.exit_code)
         if v.not_run:  # no room, or killed by the kernel: no verdict from the run (nor a GPU check)...
             if short := grant_problems(itype, sc.limits, None):  # ...but the node's own cgroup is short
-                return Verdict(False, short + v.reasons), out, "", [], []
-            return v, out, "", [], []
+                return Verdict(False, short + v.reasons), out, Action.RECOVER, [], []
+            return v, out, Action.RECOVER, [], []
         v.reasons += grant_problems(itype, sc.limits, v.figures.get("cpus_used_total"))
-        action, notes, condemned = "", [f"note: {n}" for n in (sizing, room) if n], []
+        action, notes, condemned = Action.RECOVER, [f"note: {n}" for n in (sizing, room) if n], []
         if itype.gpus:
             node = self.c.node_containers().get(sc.node)
             if node is None:
@@ -241,7 +248,7 @@ class Engine:
             if not gv.passed:
                 action = strongest(f.action for f in gv.findings if f.severity in FAILING)
                 if v.reasons:  # the CPU part failed too: the usual reboot-then-replace at least
-                    action = "replace" if action == "replace" else ""
+                    action = strongest((action, Action.RECOVER))
             v.reasons += gv.reasons
             notes += [f"note: {n}" for n in gv.notes]
             v.figures.update({f"gpu.{k}": x for k, x in gv.figures.items()})
@@ -253,7 +260,7 @@ class Engine:
         """GPU findings to monitor (application XIDs, correctable ECC): an event each,
         never a reason to touch the node."""
         for f in findings:
-            if f.action == "monitor":
+            if f.action is Action.MONITOR:
                 self.c.store.event(
                     self.c.name,
                     "Instance",
@@ -410,35 +417,40 @@ def _keep(eng: Engine, r: NodeRun) -> Outcome:
 
 
 def recover(eng: Engine, failed: list[NodeRun], anchor: list[NodeRun], verdicts: dict[str, Outcome]) -> list[NodeRun]:
-    """Reboot the failed nodes and check them again (together, so that a connectivity
-    check has its peers); replace those that still fail and check again. A GPU finding
-    decides otherwise: "replace" skips the reboot, "none" (a setup problem: wiring, a
-    missing image) touches nothing. Returns the nodes that failed every time."""
+    """The escalation policy (rules.escalation) on the failed nodes, reboots first: each
+    node's step is read from its action and its history (RECOVER reboots, and replaces once
+    this request's reboot did not help; REPLACE replaces at once; NONE, a setup problem,
+    touches nothing); the nodes a step brought back are checked again together (a
+    connectivity check has its peers). Returns the nodes that failed every time."""
     c = eng.c
-    for action, fn in (("reboot", recovery.reboot), ("replace", recovery.replace)):
-        todo = [r for r in failed if r.action != "none" and not (action == "reboot" and r.action == "replace")]
+
+    def step_of(r: NodeRun) -> Action:
+        return escalation(r.action, rebooted_for(c.store.node_history(c.name, r.node), eng.fault))
+
+    for kind in (Action.REBOOT, Action.REPLACE):
+        todo = [r for r in failed if step_of(r) is kind]
         if not todo:
             continue
 
-        def act(r: NodeRun, action: str = action, fn=fn) -> bool:
+        def act(r: NodeRun, kind: Action = kind) -> bool:
             check, why = next(iter(r.failed.items()))
             # the node comes back drained with the check's reason: it takes no job
             # before it has passed the check again
-            why_now = f"deep health check {eng.rid} {check} failed: {why}"
-            if action == "replace" and r.condemned:  # the replacement must get other GPUs
+            why_now = f"{eng.fault}{check} failed: {why}"
+            if kind is Action.REPLACE and r.condemned:  # the replacement must get other GPUs
                 capacity.quarantine(c.store, r.condemned, f"{r.node}: {why_now}")
             try:
-                return fn(c, r.node, why_now, eng.opts.recovery_wait, keep_drained=eng.label())
+                return recovery.step(c, kind, r.node, why_now, eng.opts.recovery_wait, eng.label())
             except OperationFailed as e:
-                r.failed = {check: f"{why}; {action} unavailable: {str(e)[:100]}"}
+                r.failed = {check: f"{why}; {kind} unavailable: {str(e)[:100]}"}
                 return False
 
         back = [r for r, ok in zip(todo, parallel(act, todo), strict=True) if ok]
         if not back:
             continue
         for r in back:
-            c.store.set_phase(c.name, r.node, Phase.CHECKING, f"{eng.rid}: re-check after {action}")
-        again = Engine(c, eng.rid, eng.opts, attempt=f"after-{action}")
+            c.store.set_phase(c.name, r.node, Phase.CHECKING, f"{eng.rid}: re-check after {kind}")
+        again = Engine(c, eng.rid, eng.opts, attempt=f"after-{kind}")
         fresh = [NodeRun(r.node, r.group, r.itype) for r in back]
         again.check(fresh, anchor)
         for r, f in zip(back, fresh, strict=True):
@@ -447,7 +459,7 @@ def recover(eng: Engine, failed: list[NodeRun], anchor: list[NodeRun], verdicts:
             elif f.failed:
                 r.failed, r.action, r.condemned = f.failed, f.action, f.condemned
             else:
-                verdicts[r.node] = Outcome("Passed", f"after {action}")
+                verdicts[r.node] = Outcome("Passed", f"after {kind}")
         eng.release([f.node for f in fresh if f.error or not f.failed])
         failed = [r for r in failed if r.node not in verdicts]
     return failed
