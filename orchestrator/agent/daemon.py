@@ -50,6 +50,7 @@ from ..services.servicewatch import ServiceWatch
 from ..slurm.model import SlurmNode
 from ..spec.model import InstanceGroup
 from ..state.health_requests import Records
+from ..state.operations import ROLLS_BACK, Operation, OperationStatus
 from ..state.phases import Phase
 from ..state.transitions import ClusterStatus
 from .gpuwatch import GpuWatch
@@ -159,26 +160,29 @@ class Agent:
             return [(p, m) for n, (p, m, _) in latest.items() if group_prefix(n) == g.InstanceGroupName.lower()]
 
         for op in ops:
-            g = cluster.spec.group(op["group"])
+            if not op.kind.changes_count:  # health checks, recovery by hand, upgrades: their own code ends them
+                continue
+            g = cluster.spec.group(op.group)
             if g is None:
-                store.end_operation(op["id"], "Failed", "group no longer exists")
+                store.end_operation(op.id, OperationStatus.FAILED, "group no longer exists")
                 continue
             ph = phases(g)
             failed = [m for p, m in ph if p == Phase.LAUNCH_FAILED.value]
-            if failed and not cluster.spec.continuous and op["kind"] == "Scale" and op["previous"] is not None:
+            if failed and not cluster.spec.continuous and op.kind in ROLLS_BACK and op.previous is not None:
                 self._roll_back(cluster, op, g, failed[0])
                 continue
             running = sum(1 for p, _ in ph if p == Phase.RUNNING.value)
             busy = any(p in (Phase.QUEUED, Phase.LAUNCHING, Phase.LAUNCH_FAILED, Phase.SHUTTING_DOWN) for p, _ in ph)
             if running == g.InstanceCount and not busy:
-                store.end_operation(op["id"], "Succeeded")
+                store.end_operation(op.id, OperationStatus.DONE)
                 store.event(
                     self.name,
                     "InstanceGroup",
                     "Info",
-                    f"{op['kind']} of instance group {g.InstanceGroupName} in cluster {self.name} completed: "
+                    f"{op.kind} of instance group {g.InstanceGroupName} in cluster {self.name} completed: "
                     f"{running} node(s)",
                     g.InstanceGroupName,
+                    operation=op.id,
                 )
         if row is not None and row.status == ClusterStatus.CREATING:
             done = all(
@@ -190,15 +194,15 @@ class Agent:
                 # expect: a delete may have begun since the row was read
                 store.set_status(self.name, ClusterStatus.IN_SERVICE, expect=ClusterStatus.CREATING)
 
-    def _roll_back(self, cluster: Cluster, op: dict[str, Any], g: InstanceGroup, why: str) -> None:
+    def _roll_back(self, cluster: Cluster, op: Operation, g: InstanceGroup, why: str) -> None:
         store = self.env.store
         msg = (
-            f"Scaling instance group {g.InstanceGroupName} in cluster {self.name} to {op['target']} failed "
-            f"(all-or-nothing), rolling back to {op['previous']}: {why}"
+            f"Scaling instance group {g.InstanceGroupName} in cluster {self.name} to {op.target} failed "
+            f"(all-or-nothing), rolling back to {op.previous}: {why}"
         )
 
         def revert(
-            spec: dict[str, Any], prev: int = op["previous"], gname: str = g.InstanceGroupName
+            spec: dict[str, Any], prev: int | None = op.previous, gname: str = g.InstanceGroupName
         ) -> dict[str, Any]:
             for ig in spec["InstanceGroups"]:
                 if ig["InstanceGroupName"] == gname:
@@ -206,8 +210,8 @@ class Agent:
             return spec
 
         store.update_spec(self.name, revert)
-        store.end_operation(op["id"], "Failed", msg)
-        store.event(self.name, "InstanceGroup", "Error", msg, g.InstanceGroupName)
+        store.end_operation(op.id, OperationStatus.FAILED, msg)
+        store.event(self.name, "InstanceGroup", "Error", msg, g.InstanceGroupName, operation=op.id)
         cluster.reload()
 
 

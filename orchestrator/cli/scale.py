@@ -1,4 +1,4 @@
-"""`hp scale`, `add-nodes`, `delete-nodes`, `events`, `capacity set|show`."""
+"""`hp scale`, `add-nodes`, `delete-nodes`, `events`, `operations`, `capacity set|show`."""
 
 from __future__ import annotations
 
@@ -109,7 +109,63 @@ def event_line(e: dict[str, Any]) -> str:
     where = e["InstanceGroupName"] or ""
     if e.get("SlurmNodeName"):
         where += f"/{e['SlurmNodeName']}"
-    return f"{e['EventTime']}  {e['EventLevel']:<5} {e['ResourceType']:<13} {where:<20} {e['Description']}"
+    op = f"op {e['OperationId']}" if e.get("OperationId") is not None else ""
+    return f"{e['EventTime']}  {e['EventLevel']:<5} {e['ResourceType']:<13} {where:<20} {op:<7} {e['Description']}"
+
+
+def operations(
+    args: list[str] = typer.Argument(..., metavar="NAME | describe NAME ID", show_default=False),
+    json_out: bool = JsonOpt,
+) -> None:
+    """The cluster's operations (HyperPod's ListClusterOperations): each scale, add or delete
+    of nodes, health check, reboot or replace by hand and software upgrade, with its status
+    (InProgress, Superseded, Done, Failed). `hp operations describe NAME ID`: one of them
+    (DescribeClusterOperation), with its groups' counts and its events."""
+    from ..cluster.operation_views import describe_operation, list_operations
+
+    describe = args[0] == "describe" and len(args) > 1
+    problems = []
+    if describe and len(args) != 3:
+        problems.append(f"'hp operations describe' takes NAME and ID, got {len(args) - 1} argument(s)")
+    if not describe and len(args) != 1:
+        problems.append(f"'hp operations' takes NAME (or: describe NAME ID), got {' '.join(args)!r}")
+    if describe and len(args) == 3 and not (args[2].isdigit() and int(args[2]) > 0):
+        problems.append(f"ID must be an operation's number (see 'hp operations {args[1]}'), got {args[2]!r}")
+    if problems:
+        raise BadInput(problems, "cannot show operations")
+    e, out = env(), Out(json_out)
+    if describe:
+        doc = describe_operation(e, args[1], int(args[2]))
+        if json_out:
+            return out.json({"ClusterName": args[1], "Operation": doc})
+        print(op_line(doc) + (f"  nodes: {', '.join(doc['Nodes'])}" if doc["Nodes"] else ""))
+        out.table(
+            None,
+            ["GROUP", "CURRENT", "MIN", "TARGET", "PREVIOUS"],
+            [
+                [g["InstanceGroupName"], *(str(g[k]) if g[k] is not None else "-" for k in COUNT_KEYS)]
+                for g in doc["InstanceGroups"]
+            ],
+        )
+        for ev in doc["Events"]:
+            print(event_line(ev))
+        return None
+    doc = list_operations(e, args[0])
+    if json_out:
+        return out.json(doc)
+    for op in doc["Operations"]:
+        print(op_line(op))
+    return None
+
+
+COUNT_KEYS = ("CurrentCount", "MinCount", "TargetCount", "PreviousCount")
+
+
+def op_line(o: dict[str, Any]) -> str:
+    end = o["EndTime"] or "-"
+    what = f"{o['OperationType']} {o['InstanceGroupName'] or ''}".strip()
+    tail = f"  {o['Message']}" if o["Message"] else ""
+    return f"{o['OperationId']:>4}  {o['Status']:<10} {what:<24} {o['StartTime']}  {end}{tail}"
 
 
 capacity_app = sub_app("Show and limit the capacity instance types draw from.")
@@ -185,5 +241,6 @@ COMMANDS = (
     ("add-nodes", add_nodes, NUMBERS_OK),
     ("delete-nodes", delete_nodes, None),
     ("events", events, None),
+    ("operations", operations, None),
 )
 GROUPS = (("capacity", capacity_app),)

@@ -18,8 +18,9 @@ from .query import observe, unreachable_view
 def active_ops(env: Env, name: str) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for op in env.store.operations(name):
-        what = f"{op['kind']}" + (f" to {op['target']}" if op["target"] is not None else f" {op['nodes']}")
-        out.setdefault(op["group"], []).append(what)
+        what = f"{op.kind} " + (",".join(op.nodes) if op.nodes else f"to {op.target}" if op.target is not None else "")
+        what = what.strip()
+        out.setdefault(op.group, []).append(what)
     return out
 
 

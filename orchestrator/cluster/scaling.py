@@ -18,6 +18,7 @@ from ..core.placement import hosts_of
 from ..errors import BadInput
 from ..naming import node_id
 from ..spec.model import SLURM_MAX_NODES
+from ..state.operations import OperationKind
 from ..state.phases import Owner, Phase, owner
 from ..state.transitions import ClusterStatus
 
@@ -100,7 +101,8 @@ def scale(env: Env, name: str, group: str, count: int, *, add: bool = False) -> 
 
     new = env.store.update_spec(name, change)
     target = next(ig["InstanceCount"] for ig in new["InstanceGroups"] if ig["InstanceGroupName"] == group)
-    op = env.store.add_operation(name, group, "Scale", target, prev["n"])
+    kind = OperationKind.ADD_NODES if add else OperationKind.SCALE
+    op = env.store.add_operation(name, group, kind, target, prev["n"])
     env.store.event(
         name,
         "InstanceGroup",
@@ -151,10 +153,13 @@ def delete_nodes(env: Env, name: str, nodes: list[str]) -> dict[str, Any]:
     for n, g in chosen.items():
         per_group.setdefault(g, []).append(n)
 
+    before: dict[str, int] = {}
+
     def change(spec: dict[str, Any]) -> dict[str, Any]:
         for ig in spec["InstanceGroups"]:
             k = len(per_group.get(ig["InstanceGroupName"], []))
             if k:
+                before[ig["InstanceGroupName"]] = ig["InstanceCount"]
                 ig["InstanceCount"] = max(ig["InstanceCount"] - k, 0)
                 if ig.get("MinCount") is not None and ig["MinCount"] > ig["InstanceCount"]:
                     ig["MinCount"] = ig["InstanceCount"]
@@ -162,7 +167,12 @@ def delete_nodes(env: Env, name: str, nodes: list[str]) -> dict[str, Any]:
 
     # the marks and the lower target are written in one transaction: the agent then
     # removes exactly these nodes, and launches no replacement for them
-    env.store.update_spec(name, change, [(n, Phase.SHUTTING_DOWN, "delete-nodes") for n in chosen])
+    new = env.store.update_spec(name, change, [(n, Phase.SHUTTING_DOWN, "delete-nodes") for n in chosen])
+    counts = {ig["InstanceGroupName"]: ig["InstanceCount"] for ig in new["InstanceGroups"]}
+    ops = {
+        g: env.store.add_operation(name, g, OperationKind.DELETE_NODES, counts[g], before[g], ns)
+        for g, ns in per_group.items()
+    }
     for n, g in chosen.items():
         env.store.event(
             name,
@@ -172,8 +182,6 @@ def delete_nodes(env: Env, name: str, nodes: list[str]) -> dict[str, Any]:
             g,
             node=n,
         )
-    for g, ns in per_group.items():
-        env.store.add_operation(name, g, "DeleteNodes", None, None, ns)
     env.agents.ensure(name)
     env.agents.poke(name)
-    return {"ClusterName": name, "NodesToDelete": sorted(chosen)}
+    return {"ClusterName": name, "NodesToDelete": sorted(chosen), "OperationIds": sorted(ops.values())}

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .operations import OperationKind, OperationStatus
 from .store import Store, iso
 from .transitions import ACTIVE, RequestState, expected, request_edge
 
@@ -33,6 +34,13 @@ CREATE TABLE IF NOT EXISTS health_results (
 );
 CREATE INDEX IF NOT EXISTS health_results_req ON health_results(request, id);
 """
+
+# how a request's end ends its operation (state/operations.py)
+OPERATION_END = {
+    RequestState.COMPLETED: OperationStatus.DONE,
+    RequestState.FAILED: OperationStatus.FAILED,
+    RequestState.CANCELLED: OperationStatus.FAILED,
+}
 
 
 @dataclass
@@ -112,8 +120,10 @@ class Records:
             if cur.rowcount != 1:
                 return None
             on_start = bool(options.get("on_start"))
+            group = groups[0] if len(groups) == 1 else ""
+            op = self.s.add_operation(cluster, group, OperationKind.HEALTH_CHECK, nodes=nodes, request=rid, db=db)
             text = edge.event(rid, "", requested(checks, groups, nodes, on_start))
-            self.s.event(cluster, "Cluster", edge.level, text, groups[0] if on_start else None, db=db)
+            self.s.event(cluster, "Cluster", edge.level, text, groups[0] if on_start else None, operation=op, db=db)
         return rid
 
     def forget(self, cluster: str) -> None:
@@ -165,8 +175,12 @@ class Records:
                 "UPDATE health_requests SET state=?, message=?, ended=? WHERE id=?",
                 (new.value, message, None if new in ACTIVE else self.s.clock(), rid),
             )
+            op = self.s.request_operation(rid, db)
             if edge.level is not None:
-                self.s.event(rows[0][1], "Cluster", level or edge.level, edge.event(rid, message, detail), db=db)
+                text = edge.event(rid, message, detail)
+                self.s.event(rows[0][1], "Cluster", level or edge.level, text, operation=op, db=db)
+            if op is not None and new not in ACTIVE:
+                self.s.end_operation(op, OPERATION_END[new], message, db=db)
             return True
 
     def set_verdicts(self, rid: str, verdicts: dict[str, str], results: dict[str, str]) -> None:

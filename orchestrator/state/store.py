@@ -29,6 +29,7 @@ from .. import waits
 from ..naming import DEFAULT_UID
 from . import phases
 from .home import DB_NAME, cluster_folder, hp_home
+from .operations import LEGACY_DONE, Operation, OperationKind, OperationStatus, owner, supersedes
 from .phases import Phase
 from .transitions import ClusterStatus, cluster_edge, expected
 
@@ -52,7 +53,8 @@ CREATE TABLE IF NOT EXISTS events (
   node_id TEXT,
   node TEXT,
   description TEXT NOT NULL,
-  incarnation TEXT NOT NULL DEFAULT ''
+  incarnation TEXT NOT NULL DEFAULT '',
+  operation INTEGER
 );
 CREATE INDEX IF NOT EXISTS events_cluster ON events(cluster, id);
 CREATE TABLE IF NOT EXISTS node_status (
@@ -75,7 +77,8 @@ CREATE TABLE IF NOT EXISTS operations (
   status TEXT NOT NULL,
   message TEXT NOT NULL DEFAULT '',
   started REAL NOT NULL,
-  ended REAL
+  ended REAL,
+  request TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS operations_cluster ON operations(cluster, status);
 CREATE TABLE IF NOT EXISTS kv (
@@ -101,6 +104,8 @@ CREATE TABLE IF NOT EXISTS node_hosts (
 MIGRATIONS = (
     ("clusters", "incarnation", "TEXT NOT NULL DEFAULT ''"),
     ("events", "incarnation", "TEXT NOT NULL DEFAULT ''"),
+    ("events", "operation", "INTEGER"),
+    ("operations", "request", "TEXT NOT NULL DEFAULT ''"),
 )
 
 EVENTS_PER_CLUSTER = 20_000
@@ -131,6 +136,7 @@ class Event:
     node_id: str | None
     node: str | None
     description: str
+    operation: int | None = None  # the operation it was written under (state/operations.py's owner)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -143,6 +149,7 @@ class Event:
             "NodeId": self.node_id,
             "SlurmNodeName": self.node,
             "Description": self.description,
+            "OperationId": self.operation,
         }
 
 
@@ -196,6 +203,11 @@ class Store:
             cols = {r[1] for r in self._db.execute(f"PRAGMA table_info({table})")}
             if col not in cols:
                 self._db.execute(f"ALTER TABLE {table} ADD COLUMN {col} {decl}")
+        # operations ended before OperationStatus: in its words
+        self._db.execute(
+            f"UPDATE operations SET status=? WHERE status IN ({','.join('?' * len(LEGACY_DONE))})",
+            (OperationStatus.DONE.value, *LEGACY_DONE),
+        )
 
     def close(self) -> None:
         self._db.close()
@@ -318,33 +330,105 @@ class Store:
         d.mkdir(parents=True, exist_ok=True, mode=0o700)
         return d
 
-    # -- operations (scaling): what is under way per group ------------------------------
+    # -- operations (state/operations.py): what was asked of the cluster, and how it went --
+    _OP_COLS = "id, cluster, group_name, kind, status, target, previous, nodes, message, started, ended, request"
+
     def add_operation(
         self,
         cluster: str,
         group: str,
-        kind: str,
-        target: int | None,
-        previous: int | None,
-        nodes: list[str] | None = None,
+        kind: OperationKind,
+        target: int | None = None,
+        previous: int | None = None,
+        nodes: Iterable[str] = (),
+        *,
+        request: str = "",
+        db: sqlite3.Connection | None = None,
     ) -> int:
+        """Record an operation (InProgress) and return its id. In the same transaction,
+        the operations it supersedes (operations.supersedes) end Superseded, each with an
+        event. `group`: "" for the cluster's own; `request`: what else records it (a
+        health check's id); `db`: inside a writer's transaction."""
+        if db is None:
+            with self.transaction() as tx:
+                return self.add_operation(cluster, group, kind, target, previous, nodes, request=request, db=tx)
+        kind = OperationKind(kind)
+        now = self.clock()
+        row = db.execute(
+            "INSERT INTO operations (cluster, group_name, kind, target, previous, nodes, status, started, request)"
+            f" VALUES (?,?,?,?,?,?,?,?,?) RETURNING {self._OP_COLS}",
+            (
+                cluster,
+                group,
+                kind.value,
+                target,
+                previous,
+                ",".join(nodes),
+                OperationStatus.IN_PROGRESS.value,
+                now,
+                request,
+            ),
+        ).fetchone()
+        new = _operation(row)
+        for old in self._active_operations(db, cluster):
+            if supersedes(new, old):
+                text = f"Operation {old.id} ({old.kind} of instance group {old.group}) superseded by operation {new.id}"
+                db.execute(
+                    "UPDATE operations SET status=?, message=?, ended=? WHERE id=?",
+                    (OperationStatus.SUPERSEDED.value, f"superseded by operation {new.id}", now, old.id),
+                )
+                self.event(cluster, "InstanceGroup", "Info", text, old.group, operation=old.id, db=db)
+        return new.id
+
+    @classmethod
+    def _active_operations(cls, db: sqlite3.Connection, cluster: str) -> list[Operation]:
+        rows = db.execute(
+            f"SELECT {cls._OP_COLS} FROM operations WHERE cluster=? AND status=? ORDER BY id",
+            (cluster, OperationStatus.IN_PROGRESS.value),
+        ).fetchall()
+        return [_operation(r) for r in rows]
+
+    def operations(self, cluster: str, active_only: bool = True) -> list[Operation]:
+        """The cluster's operations, oldest first: those in progress, or all of them."""
+        if active_only:
+            with self._lock:
+                return self._active_operations(self._db, cluster)
+        rows = self._x(f"SELECT {self._OP_COLS} FROM operations WHERE cluster=? ORDER BY id", (cluster,))
+        return [_operation(r) for r in rows]
+
+    def operation(self, cluster: str, op_id: int) -> Operation | None:
+        rows = self._x(f"SELECT {self._OP_COLS} FROM operations WHERE cluster=? AND id=?", (cluster, op_id))
+        return _operation(rows[0]) if rows else None
+
+    def request_operation(self, request: str, db: sqlite3.Connection | None = None) -> int | None:
+        """The operation that records `request` (a health check's id), if any."""
+        sql, args = "SELECT id FROM operations WHERE request=? ORDER BY id DESC LIMIT 1", (request,)
+        rows = db.execute(sql, args).fetchall() if db is not None else self._x(sql, args)
+        return int(rows[0][0]) if rows else None
+
+    def end_operation(
+        self, op_id: int, status: OperationStatus, message: str = "", *, db: sqlite3.Connection | None = None
+    ) -> bool:
+        """End an operation in progress as `status` (Done or Failed); False, nothing
+        written, when it had already ended (superseded meanwhile, or ended by another).
+        `db`: inside a writer's transaction."""
+        status = OperationStatus(status)
+        if status in (OperationStatus.IN_PROGRESS, OperationStatus.SUPERSEDED):
+            raise ValueError(f"an operation ends Done or Failed, not {status}")
+        if db is None:
+            with self.transaction() as tx:
+                return self.end_operation(op_id, status, message, db=tx)
+        cur = db.execute(
+            "UPDATE operations SET status=?, message=?, ended=? WHERE id=? AND status=?",
+            (status.value, message, self.clock(), op_id, OperationStatus.IN_PROGRESS.value),
+        )
+        return cur.rowcount == 1
+
+    def operation_events(self, cluster: str, op_id: int) -> list[Event]:
         rows = self._x(
-            "INSERT INTO operations (cluster, group_name, kind, target, previous, nodes, status, started)"
-            " VALUES (?,?,?,?,?,?,?,?) RETURNING id",
-            (cluster, group, kind, target, previous, ",".join(nodes or []), "InProgress", self.clock()),
+            f"SELECT {self._EV_COLS} FROM events WHERE cluster=? AND operation=? ORDER BY id", (cluster, op_id)
         )
-        return int(rows[0][0])
-
-    def operations(self, cluster: str, active_only: bool = True) -> list[dict[str, Any]]:
-        sql = (
-            "SELECT id, group_name, kind, target, previous, nodes, status, message, started, ended FROM operations"
-            " WHERE cluster=?" + (" AND status='InProgress'" if active_only else "") + " ORDER BY id"
-        )
-        keys = ("id", "group", "kind", "target", "previous", "nodes", "status", "message", "started", "ended")
-        return [dict(zip(keys, r, strict=True)) for r in self._x(sql, (cluster,))]
-
-    def end_operation(self, op_id: int, status: str, message: str = "") -> None:
-        self._x("UPDATE operations SET status=?, message=?, ended=? WHERE id=?", (status, message, self.clock(), op_id))
+        return [Event(*r) for r in rows]
 
     # -- events -------------------------------------------------------------------------
     def event(
@@ -357,20 +441,40 @@ class Store:
         node_id: str | None = None,
         node: str | None = None,
         *,
+        operation: int | None = None,
         db: sqlite3.Connection | None = None,
     ) -> None:
         """An event; on `db` when given (inside a writer's transaction: written with the
-        change it tells of), else on its own."""
-        sql = (
-            "INSERT INTO events (cluster, time, resource_type, level, group_name, node_id, node, description, incarnation)"
-            " VALUES (?,?,?,?,?,?,?,?, COALESCE((SELECT incarnation FROM clusters WHERE name=?), ''))"
+        change it tells of), else in a transaction of its own. It is written under
+        `operation`, or else under the operation in progress it concerns (operations.owner)."""
+        if db is None:
+            with self._lock:  # re-entrant: a transaction open now is this thread's own writer's
+                if self._db.in_transaction:
+                    return self.event(
+                        cluster,
+                        resource_type,
+                        level,
+                        description,
+                        group,
+                        node_id,
+                        node,
+                        operation=operation,
+                        db=self._db,
+                    )
+                with self.transaction() as tx:
+                    return self.event(
+                        cluster, resource_type, level, description, group, node_id, node, operation=operation, db=tx
+                    )
+        if operation is None:
+            operation = owner(self._active_operations(db, cluster), group, node)
+        db.execute(
+            "INSERT INTO events (cluster, time, resource_type, level, group_name, node_id, node, description,"
+            " operation, incarnation)"
+            " VALUES (?,?,?,?,?,?,?,?,?, COALESCE((SELECT incarnation FROM clusters WHERE name=?), ''))",
+            (cluster, self.clock(), resource_type, level, group, node_id, node, description, operation, cluster),
         )
-        args = (cluster, self.clock(), resource_type, level, group, node_id, node, description, cluster)
-        if db is not None:
-            db.execute(sql, args)
-            return
-        with self._lock:
-            self._db.execute(sql, args)
+
+    _EV_COLS = "id, cluster, time, resource_type, level, group_name, node_id, node, description, operation"
 
     def _incarnation(self, cluster: str) -> str | None:
         """The incarnation whose events `hp events NAME` shows: the live cluster's, else
@@ -391,7 +495,7 @@ class Store:
         if inc is None:
             return []
         limit = max(1, min(int(limit), PAGE_MAX))
-        cols = "id, cluster, time, resource_type, level, group_name, node_id, node, description"
+        cols = self._EV_COLS
         if after_id:
             rows = self._x(
                 f"SELECT {cols} FROM events WHERE cluster=? AND incarnation=? AND id>? ORDER BY id LIMIT ?",
@@ -586,7 +690,9 @@ class Store:
                     (cluster, node, cluster, node, PHASES_PER_NODE),
                 )
                 removed["node_status"] += cur.rowcount
-            db.execute("DELETE FROM operations WHERE status != 'InProgress' AND ended < ?", (cutoff,))
+            db.execute(
+                "DELETE FROM operations WHERE status != ? AND ended < ?", (OperationStatus.IN_PROGRESS.value, cutoff)
+            )
         return removed
 
 
@@ -610,6 +716,23 @@ class _Tx:
             self.s._db.execute("ROLLBACK" if exc_type else "COMMIT")
         finally:
             self.s._lock.release()
+
+
+def _operation(r: tuple[Any, ...]) -> Operation:
+    return Operation(
+        id=int(r[0]),
+        cluster=r[1],
+        group=r[2],
+        kind=OperationKind(r[3]),
+        status=OperationStatus(r[4]),
+        target=r[5],
+        previous=r[6],
+        nodes=tuple(n for n in r[7].split(",") if n),
+        message=r[8],
+        started=r[9],
+        ended=r[10],
+        request=r[11],
+    )
 
 
 def _cluster(r: tuple[Any, ...]) -> ClusterRow:

@@ -42,6 +42,7 @@ from orchestrator.releases import DEFAULT, SlurmRelease
 from orchestrator.slurm.model import JobInfo
 from orchestrator.spec.model import validate as validate_spec
 from orchestrator.state.health_requests import Records, Result
+from orchestrator.state.operations import OperationStatus
 from orchestrator.state.transitions import RequestState
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -467,7 +468,7 @@ def test_scale_wait_shows_progress_and_times_out_with_exit_3(hp: Hp) -> None:
 
     def agent_pass(name: str) -> None:  # what the cluster's agent does with a scale that changes nothing
         for op in store.operations(name):
-            store.end_operation(op["id"], "Successful")
+            store.end_operation(op.id, OperationStatus.DONE)
 
     hp.w.agents.poke = agent_pass  # type: ignore[method-assign]
     r = hp("scale", "lab", "cpu", "2", "--wait", "--timeout", "5")
@@ -505,6 +506,55 @@ def test_events(hp: Hp) -> None:
         r = hp("events", "lab", "--limit", bad)
         assert (r.code, r.err.strip()) == (2, f"error: invalid input: --limit must be between 1 and 10000, got {bad}")
     r = hp("events", "nope")
+    assert (r.code, r.err.strip()) == (2, "error: cluster 'nope' does not exist (see 'hp list')")
+
+
+def test_operations_list_describe_supersede_and_bad_input(hp: Hp) -> None:
+    make(hp, groups=[("cpu", "cpu.nano", 2)])
+    first = hp.json("scale", "scale", "lab", "cpu", "3")["OperationId"]
+    second = hp.json("add-nodes", "add-nodes", "lab", "cpu", "2")["OperationId"]
+    third = hp.json("delete-nodes", "delete-nodes", "lab", "cpu-1")["OperationIds"]
+    ops = hp.json("operations", "operations", "lab")["Operations"]
+    assert [(o["OperationId"], o["OperationType"], o["Status"]) for o in ops] == [
+        (first, "Scale", "Superseded"),
+        (second, "AddNodes", "Superseded"),
+        (third[0], "DeleteNodes", "InProgress"),
+    ]
+    assert ops[0]["Message"] == f"superseded by operation {second}" and ops[0]["EndTime"] and not ops[2]["EndTime"]
+    doc = hp.json("operations", "operations", "describe", "lab", str(third[0]))["Operation"]
+    assert doc["Nodes"] == ["cpu-1"]
+    assert doc["InstanceGroups"] == [
+        {"InstanceGroupName": "cpu", "CurrentCount": 1, "MinCount": None, "TargetCount": 4, "PreviousCount": 5}
+    ]  # cpu-1 is being removed: cpu-2 alone is Running
+    assert [e["SlurmNodeName"] for e in doc["Events"]] == ["cpu-1"]
+    desc = hp.json("operations", "operations", "describe", "lab", str(first))["Operation"]
+    assert [e["Description"] for e in desc["Events"]] == [
+        "Scaling instance group cpu in cluster lab from 2 to 3",
+        f"Operation {first} (Scale of instance group cpu) superseded by operation {second}",
+    ]
+    # hp events says which operation each event was written under
+    evs = hp.json("events", "events", "lab")["Events"]
+    assert [e["OperationId"] for e in evs[-2:]] == [second, third[0]]  # superseded, then cpu-1's removal
+    assert hp("events", "lab").out.splitlines()[-1].split()[4:6] == ["op", str(third[0])]
+    r = hp("operations", "lab")
+    assert r.code == 0 and [line.split()[:3] for line in r.out.splitlines()] == [
+        [str(first), "Superseded", "Scale"],
+        [str(second), "Superseded", "AddNodes"],
+        [str(third[0]), "InProgress", "DeleteNodes"],
+    ]
+    r = hp("operations", "describe", "lab", str(third[0]))
+    assert r.code == 0 and r.out.splitlines()[2].split() == ["cpu", "1", "-", "4", "5"]
+    for args, problems in [
+        (("describe", "lab"), ["takes NAME and ID, got 1 argument(s)"]),
+        (("describe", "lab", "x", "y"), ["takes NAME and ID, got 3 argument(s)"]),
+        (("describe", "lab", "0"), ["ID must be an operation's number (see 'hp operations lab'), got '0'"]),
+        (("lab", "more"), ["'hp operations' takes NAME (or: describe NAME ID), got 'lab more'"]),
+    ]:
+        r = hp("operations", *args)
+        assert r.code == 2 and all(p in r.err for p in problems), (args, r.err)
+    r = hp("operations", "describe", "lab", "99")
+    assert (r.code, r.err.strip()) == (2, "error: cluster 'lab' has no operation 99 (see 'hp operations lab')")
+    r = hp("operations", "nope")
     assert (r.code, r.err.strip()) == (2, "error: cluster 'nope' does not exist (see 'hp list')")
 
 
@@ -588,6 +638,16 @@ def test_reboot_and_replace(hp: Hp) -> None:
     assert row["Succeeded"] and row["Action"] == "replace" and row["NodeId"] != f"i-{old[:17]}"
     doc = hp.json("reboot", "reboot", "lab", "controller-1", "--timeout", "5")
     assert doc["Nodes"][0]["SlurmNodeName"] == "controller-1"
+    # each request by hand is an operation, ended with how it went
+    ops = hp.json("operations", "operations", "lab")["Operations"]
+    assert [(o["OperationType"], o["Status"], o["InstanceGroupName"]) for o in ops] == [
+        ("Reboot", "Done", "cpu"),
+        ("Replace", "Done", "cpu"),
+        ("Reboot", "Done", "controller"),
+    ]
+    replace = hp.json("operations", "operations", "describe", "lab", str(ops[1]["OperationId"]))["Operation"]
+    assert replace["Nodes"] == ["cpu-2"] and replace["EndTime"] is not None
+    assert replace["Events"] and {e["OperationId"] for e in replace["Events"]} == {ops[1]["OperationId"]}
 
 
 def test_reboot_and_replace_bad_input(hp: Hp) -> None:
@@ -692,8 +752,14 @@ def test_health_check_start_status_cancel(hp: Hp, worker: Any) -> None:
     assert r.code == 2 and "has no health check 'hc-nope'" in r.err
     r = hp("health-check", "start", "lab", "--group", "cpu", "--check", "InstanceStress")
     assert r.code == 1 and f"already has an active health check {rid}" in r.err
+    [op] = hp.json("operations", "operations", "lab")["Operations"]
+    assert (op["OperationType"], op["Status"], op["InstanceGroupName"]) == ("HealthCheck", "InProgress", "cpu")
     r = hp("health-check", "cancel", "lab")
     assert (r.code, r.out) == (0, f"cancelled {rid}\n")
+    [op] = hp.json("operations", "operations", "lab")["Operations"]
+    assert op["Status"] == "Failed" and op["EndTime"] is not None
+    events = hp.json("operations", "operations", "describe", "lab", str(op["OperationId"]))["Operation"]["Events"]
+    assert [rid in e["Description"] for e in events] == [True, True]  # requested, cancelled
     assert worker.started[0].wait(5) == -signal.SIGTERM  # its worker was stopped
     assert hp.json("health-check-status", "health-check", "status", "lab")["Request"]["State"] == "Cancelled"
     r = hp("health-check", "cancel", "lab")

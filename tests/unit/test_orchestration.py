@@ -31,6 +31,7 @@ from orchestrator.core.launcher import Launcher
 from orchestrator.errors import BadInput, EngineError, NotFound, OperationFailed
 from orchestrator.releases import DEFAULT
 from orchestrator.spec.model import validate
+from orchestrator.state.operations import OperationKind, OperationStatus
 from orchestrator.state.store import Store
 
 
@@ -522,9 +523,28 @@ def test_all_or_nothing_scale_up_that_fails_is_rolled_back_by_the_agent(tmp_path
     Agent(w.env, "lab")._sync_status(c)
     assert w.env.store.cluster("lab").spec["InstanceGroups"][2]["InstanceCount"] == 1
     op = w.env.store.operations("lab", active_only=False)[-1]
-    assert op["status"] == "Failed" and "rolling back to 1" in op["message"]
+    assert op.status is OperationStatus.FAILED and "rolling back to 1" in op.message
     reconcile(w, "lab", "cpu", passes=4)
     assert sorted(c.node for c in w.provider.containers("lab") if c.group == "cpu") == ["cpu-1"]
+
+
+def test_the_agent_ends_a_scale_done_once_converged_and_leaves_other_operations_to_their_code(tmp_path):
+    w = world(tmp_path)
+    make(w, groups=[("cpu", "cpu.nano", 1)])
+    op = scale(w.env, "lab", "cpu", 2)["OperationId"]
+    check = w.env.store.add_operation("lab", "cpu", OperationKind.HEALTH_CHECK, nodes=["cpu-1"], request="hc-x")
+    c = Cluster(w.env, "lab")
+    Agent(w.env, "lab")._sync_status(c)
+    assert w.env.store.operation("lab", op).active  # cpu-2 not there yet
+    reconcile(w, "lab", "cpu", passes=3)
+    Agent(w.env, "lab")._sync_status(c)
+    done = w.env.store.operation("lab", op)
+    assert done.status is OperationStatus.DONE and done.ended is not None
+    assert w.env.store.operation("lab", check).active
+    texts = [e.description for e in w.env.store.operation_events("lab", op)]
+    assert texts[0] == "Scaling instance group cpu in cluster lab from 1 to 2"
+    assert texts[-1] == "Scale of instance group cpu in cluster lab completed: 2 node(s)"
+    assert any("cpu-2" in t for t in texts[1:-1])  # the launch's own events, written under it
 
 
 def test_agent_bug_in_a_group_is_reported_once_and_that_group_left_alone(tmp_path, monkeypatch):

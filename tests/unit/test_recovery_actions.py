@@ -239,8 +239,18 @@ def test_by_hand_checks_the_whole_request_first(w):
             "Action": "reboot",
             "Succeeded": True,
             "NodeId": "i-" + w.provider.node("lab", "cpu-2").id[:17],
+            "OperationId": rows[0]["OperationId"],
         }
     ]
+    # the request is one operation (none for those refused), ended with how it went
+    [op] = w.env.store.operations("lab", active_only=False)
+    assert (op.id, op.kind, op.status, op.group, op.nodes) == (
+        rows[0]["OperationId"],
+        "Reboot",
+        "Done",
+        "cpu",
+        ("cpu-2",),
+    )
     with pytest.raises(OperationFailed, match="not back in service after reboot: cpu-2"):
         by_hand.check_all_back("lab", "reboot", [{**rows[0], "Succeeded": False}])
 

@@ -9,6 +9,7 @@ import pytest
 
 from orchestrator.errors import InvalidTransition
 from orchestrator.state import store as store_mod
+from orchestrator.state.operations import OperationKind, OperationStatus
 from orchestrator.state.phases import Phase
 from orchestrator.state.store import Store
 from orchestrator.state.transitions import ClusterStatus
@@ -107,25 +108,72 @@ def test_store_migrates_an_old_database_and_is_private(tmp_path):
         "CREATE TABLE events (id INTEGER PRIMARY KEY AUTOINCREMENT, cluster TEXT NOT NULL, time REAL NOT NULL, "
         "resource_type TEXT NOT NULL, level TEXT NOT NULL, group_name TEXT, node_id TEXT, node TEXT, description TEXT NOT NULL);"
         "INSERT INTO clusters VALUES ('old', '{}', 'InService', '', 1, 1);"
+        "CREATE TABLE operations (id INTEGER PRIMARY KEY AUTOINCREMENT, cluster TEXT NOT NULL, group_name TEXT NOT "
+        "NULL, kind TEXT NOT NULL, target INTEGER, previous INTEGER, nodes TEXT NOT NULL DEFAULT '', status TEXT NOT "
+        "NULL, message TEXT NOT NULL DEFAULT '', started REAL NOT NULL, ended REAL);"
+        "INSERT INTO operations VALUES (1, 'old', 'cpu', 'Scale', 2, 1, '', 'Succeeded', '', 1, 2);"
+        "INSERT INTO operations VALUES (2, 'old', 'cpu', 'DeleteNodes', NULL, NULL, 'cpu-1,cpu-2', 'InProgress', '', 3, NULL);"
     )
     db.commit()
     db.close()
     st = Store(home)
     assert st.cluster("old").incarnation == ""
-    st.event("old", "Cluster", "Info", "after the upgrade")
-    assert [e.description for e in st.events("old")] == ["after the upgrade"]
+    st.event("old", "Cluster", "Info", "after the upgrade", "cpu", node="cpu-2")
+    assert [(e.description, e.operation) for e in st.events("old")] == [("after the upgrade", 2)]
+    done, deleting = st.operations("old", active_only=False)
+    assert (done.kind, done.status, done.request) == (OperationKind.SCALE, OperationStatus.DONE, "")
+    assert deleting.nodes == ("cpu-1", "cpu-2") and deleting.active and deleting.target is None
     fresh = Store(tmp_path / "new")
     assert oct(fresh.path.stat().st_mode & 0o777) == "0o600"
     assert st.add_cluster("old", {}, ClusterStatus.CREATING) is False
     assert st.cluster("old").status is ClusterStatus.IN_SERVICE  # a status written by an older hp reads as one
 
 
-def test_operations_and_kv(st):
-    op = st.add_operation("lab", "cpu", "Scale", 3, 1)
-    assert st.operations("lab")[0]["id"] == op
-    st.end_operation(op, "Succeeded")
-    assert st.operations("lab") == [] and st.operations("lab", active_only=False)[0]["status"] == "Succeeded"
+def test_operations_are_typed_and_end_once_and_kv(st):
+    op = st.add_operation("lab", "cpu", OperationKind.SCALE, 3, 1)
+    (rec,) = st.operations("lab")
+    assert (rec.id, rec.kind, rec.status, rec.target, rec.previous) == (op, "Scale", OperationStatus.IN_PROGRESS, 3, 1)
+    assert st.end_operation(op, OperationStatus.DONE)
+    assert not st.end_operation(op, OperationStatus.FAILED, "too late")  # ended once
+    assert st.operations("lab") == [] and st.operation("lab", op).status is OperationStatus.DONE
+    with pytest.raises(ValueError, match="Done or Failed"):
+        st.end_operation(st.add_operation("lab", "cpu", OperationKind.SCALE, 2, 3), OperationStatus.SUPERSEDED)
+    # a caller written before the enum: its words still work, and read back as the enum's
+    legacy = st.add_operation("lab", "", "Upgrade", 1, None)
+    assert st.end_operation(legacy, "Succeeded") and st.operation("lab", legacy).status is OperationStatus.DONE
+    assert st.operation("lab", legacy)["kind"] == "Upgrade"
     st.put("k", "v")
     assert st.get("k") == "v"
     st.put("k", None)
     assert st.get("k", "d") == "d"
+
+
+def test_a_newer_count_request_of_a_group_supersedes_the_older_and_events_go_to_their_operation(st):
+    scale = st.add_operation("lab", "cpu", OperationKind.SCALE, 4, 2)
+    other = st.add_operation("lab", "gpu", OperationKind.SCALE, 1, 0)
+    check = st.add_operation("lab", "cpu", OperationKind.HEALTH_CHECK, nodes=["cpu-1"], request="hc-1")
+    st.event("lab", "Instance", "Info", "cpu-3 launching", "cpu", node="cpu-3")
+    st.event("lab", "Instance", "Info", "cpu-1 checked", "cpu", node="cpu-1")
+    st.event("lab", "Cluster", "Info", "nothing under way")
+    add = st.add_operation("lab", "cpu", OperationKind.ADD_NODES, 6, 4)
+    ops = {o.id: o for o in st.operations("lab", active_only=False)}
+    assert ops[scale].status is OperationStatus.SUPERSEDED and ops[scale].message == f"superseded by operation {add}"
+    assert ops[scale].ended is not None
+    # another group's, and a health check of the same group, are not count requests of it
+    assert ops[other].active and ops[check].active and ops[add].active
+    assert st.request_operation("hc-1") == check
+    by_text = {e.description: e.operation for e in st.events("lab")}
+    assert by_text["cpu-3 launching"] == scale and by_text["cpu-1 checked"] == check
+    assert by_text["nothing under way"] is None
+    assert by_text[f"Operation {scale} (Scale of instance group cpu) superseded by operation {add}"] == scale
+    assert [e.description for e in st.operation_events("lab", scale)][0] == "cpu-3 launching"
+    # the superseded one is not ended again by the code that would have ended it
+    assert not st.end_operation(scale, OperationStatus.DONE)
+    st.event("lab", "Instance", "Info", "cpu-5 launching", "cpu", node="cpu-5")
+    assert st.events("lab")[-1].operation == add
+    # an upgrade (the cluster's own) takes what nothing else claims
+    up = st.add_operation("lab", "", OperationKind.UPGRADE, 1)
+    st.event("lab", "Cluster", "Info", "controller upgraded")
+    st.event("lab", "Instance", "Info", "gpu-1 launching", "gpu", node="gpu-1")
+    assert [e.operation for e in st.events("lab")[-2:]] == [up, other]
+    assert st.add_operation("lab", "", OperationKind.UPGRADE, 1) and st.operation("lab", up).active
