@@ -657,6 +657,11 @@ class FakeSlurm:
         self._check()
         self.calls.append(("reconfigure", ()))
 
+    def shutdown_controller(self) -> None:
+        self._check()
+        self.calls.append(("shutdown", ()))
+        self.up = False
+
     def submit(
         self, container: str, script: str, output: str, args: list[str], user: str, workdir: str, env: dict[str, str]
     ) -> tuple[int | None, str]:

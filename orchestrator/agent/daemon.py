@@ -36,6 +36,8 @@ from typing import Any
 from .. import assembly
 from ..cluster.create import has_gpus
 from ..cluster.reconciler import RESYNC, GroupReconciler
+from ..cluster.upgrade import KIND as UPGRADE
+from ..cluster.upgrade import Upgrading
 from ..core.agents import DEAD_STATUSES
 from ..core.context import Cluster, Env
 from ..core.launcher import Launcher
@@ -124,6 +126,7 @@ class Agent:
         if has_gpus(cluster.spec, env.catalogue):  # passive GPU monitoring (agent/gpuwatch.py)
             rt.add(GpuWatch(env, self.name))
         rt.add(onstart)
+        rt.add(Upgrading(env, self.name))  # hp upgrade: the cluster onto another Slurm release
         # the loopback endpoints (metrics, the REST front): a bug in them is reported; the rest goes on
         guarded(
             env.store,
@@ -160,6 +163,8 @@ class Agent:
             return [(p, m) for n, (p, m, _) in latest.items() if group_prefix(n) == g.InstanceGroupName.lower()]
 
         for op in ops:
+            if op["kind"] == UPGRADE:  # the upgrade's controller ends its own (cluster/upgrade.py)
+                continue
             if not op.kind.changes_count:  # health checks, recovery by hand, upgrades: their own code ends them
                 continue
             g = cluster.spec.group(op.group)
@@ -231,6 +236,7 @@ class Provisioning(Controller):
 
     def __init__(self, agent: Agent, cluster: Cluster, images: dict[str, str], onstart: Callable[[str], None]):
         self.agent, self.cluster, self.images, self.onstart = agent, cluster, images, onstart
+        self.release = cluster.spec.release  # the images' (hp upgrade changes the cluster's)
         self.recs: dict[str, GroupReconciler] = {}
         self.groups: list[str] = []
         self.last_updated: str | None = None
@@ -260,6 +266,10 @@ class Provisioning(Controller):
         if row.updated != self.last_updated:
             self.last_updated = row.updated
             self.cluster.reload()
+            if self.cluster.spec.release != self.release:  # upgraded: nodes launched from now on run the new one
+                self.release = self.cluster.spec.release
+                self.images = self.cluster.images.refs(env.node_image_defs())
+                self.recs.clear()
             groups = [g.InstanceGroupName for g in self.cluster.spec.InstanceGroups if g.node_type != "Controller"]
             for g in set(self.groups) - set(groups):
                 rt.forget(self.kind, g)

@@ -18,7 +18,7 @@ from typing import Any
 import typer
 
 from ..errors import HpError
-from . import ci, cluster, health, hosts, images, recovery, scale, services
+from . import ci, cluster, health, hosts, images, recovery, scale, services, software
 from .common import EXIT_CODES
 from .output import Out
 
@@ -34,7 +34,7 @@ app = typer.Typer(
 
 
 def _register() -> None:
-    for m in (cluster, scale, health, recovery, ci, images, hosts, services):
+    for m in (cluster, scale, health, recovery, ci, images, hosts, services, software):
         for name, fn, *rest in getattr(m, "COMMANDS", ()):
             settings = rest[0] if rest else None
             help_text = rest[1] if len(rest) > 1 else None

@@ -133,9 +133,17 @@ def reboot(cluster: Cluster, node: str, reason: str, wait: float = 60.0, keep_dr
     return ok
 
 
-def replace(cluster: Cluster, node: str, reason: str, wait: float = 60.0, keep_drained: str | None = None) -> bool:
+def replace(
+    cluster: Cluster,
+    node: str,
+    reason: str,
+    wait: float = 60.0,
+    keep_drained: str | None = None,
+    images: dict[str, str] | None = None,
+) -> bool:
     """Remove the node's container and launch a new one with the same Slurm name.
-    With `keep_drained`, the new node registers drained with that reason."""
+    With `keep_drained`, the new node registers drained with that reason; with `images`,
+    on those (hp upgrade: another Slurm release's), else on hp's current ones."""
     t = target(cluster, node)
     if t.role == "controller":
         raise BadInput(
@@ -151,7 +159,7 @@ def replace(cluster: Cluster, node: str, reason: str, wait: float = 60.0, keep_d
         if t.container is not None:
             cluster.p.remove_container(t.container.id)
         _forget(cluster, t, f"replaced: {reason}")
-        launcher = Launcher(cluster, _images(cluster, t))
+        launcher = Launcher(cluster, images or _images(cluster, t))
         res = launcher.create_many([(group, t.index)], drain_reason=keep_drained)[node]
         err = res if isinstance(res, LaunchError) else launcher.start(res)
     except TRANSIENT as e:  # the engine went away part-way: the reconciler launches it when it is back

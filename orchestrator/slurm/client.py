@@ -90,6 +90,10 @@ class Slurm(Protocol):
     def auto_resume_retries(self) -> list[AutoResumeRetry]:
         """The retries of `srun --auto-resume` steps slurmctld still knows (MinJobAge)."""
 
+    def shutdown_controller(self) -> None:
+        """`scontrol shutdown slurmctld`: slurmctld saves its state and exits (the nodes'
+        slurmd go on)."""
+
     def reconfigure(self) -> None:
         """`scontrol reconfigure`: slurmctld reads its files again (gres.conf, which
         configless ships to slurmds) and answers again before this returns."""
@@ -237,6 +241,9 @@ class SlurmCli:
 
     def auto_resume_retries(self) -> list[AutoResumeRetry]:
         return parse_auto_resume(self._run("squeue", "-h", "-t", "all", "-n", AUTO_RESUME_JOB, "-o", "%i|%k"))
+
+    def shutdown_controller(self) -> None:
+        self._run("scontrol", "shutdown", "slurmctld")
 
     def reconfigure(self, timeout: float = 30.0) -> None:
         self._run("scontrol", "reconfigure")

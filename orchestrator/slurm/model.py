@@ -131,6 +131,11 @@ class SlurmNode:
         return self.base in BUSY_STATES
 
     @property
+    def emptied(self) -> bool:
+        """Running nothing and finishing nothing (no COMPLETING flag either)."""
+        return self.idle and "COMPLETING" not in self.flags
+
+    @property
     def idle_drained(self) -> bool:
         """Drained and running nothing (IDLE+DRAIN, not MIXED/ALLOCATED+DRAIN)."""
         return self.idle and self.drained
