@@ -133,7 +133,7 @@ def test_slurm_side_of_a_gpu_node_with_a_stand_in_device(docker_ok, tmp_path, mo
         assert "Gres=gpu:h200:1" in shown
         # scale-up: the new node's lines, then a reconfigure, then its slurmd
         g = c.spec.group("gpu")
-        lau = Launcher(c, env.images.refs())
+        lau = Launcher(c, c.images.refs())
         cid = lau.create_many([(g, 2)])["gpu-2"]
         assert isinstance(cid, str), cid
         assert "NodeName=gpu-2 Name=gpu Type=h200 File=/dev/nvidia1" in gresconf.current_gres_conf(c)
