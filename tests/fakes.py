@@ -658,9 +658,14 @@ class FakeSlurm:
         self.calls.append(("reconfigure", ()))
 
     def shutdown_controller(self) -> None:
+        """slurmctld saves its state and exits: so does its container (hp-entry), until
+        a controller container starts again."""
         self._check()
         self.calls.append(("shutdown", ()))
-        self.up = False
+        self.up, self.shut_down = False, True
+        for c in self.provider.containers_.values() if self.provider else ():
+            if c.spec.labels.get("io.hp.role") == "controller" and c.state == "running":
+                c.state = "exited"
 
     def submit(
         self, container: str, script: str, output: str, args: list[str], user: str, workdir: str, env: dict[str, str]
@@ -713,6 +718,8 @@ class FakeSlurm:
 
     # -- what slurmd does when its container starts
     def register(self, c: FakeContainer) -> None:
+        if getattr(self, "shut_down", False) and c.spec.labels.get("io.hp.role") == "controller":
+            self.up, self.shut_down = True, False  # a controller started after a clean shutdown
         if not self.auto_register or c.spec.labels.get("io.hp.role") != "worker":
             return
         conf = c.spec.environment.get("HP_SLURMD_CONF", "")

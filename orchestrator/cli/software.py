@@ -47,12 +47,12 @@ def upgrade(
         doc = waits.poll(look, lambda d: d["Status"] != "InProgress", every=WAIT_POLL_S, timeout=timeout)
         if doc["Status"] == "InProgress":
             raise WaitTimeout(f"the upgrade of {name} did not end within {timeout:g} s (it goes on)")
-        if doc["Status"] != "Succeeded":
+        if doc["Status"] != "Done":
             raise OperationFailed(doc.get("Message") or f"the upgrade of {name} {doc['Status']}")
         if not json_out:
             out.info(doc.get("Message", ""))
     if json_out:
-        out.json(doc)
+        out.json(progress(e, name))
 
 
 COMMANDS = (("upgrade", upgrade),)

@@ -46,12 +46,13 @@ from ..runtime import Controller, Result
 from ..services.accounting import controller_files, service_containers
 from ..slurm.conf import render
 from ..slurm.model import REASON_PREFIX, SlurmNode
+from ..state.operations import Operation, OperationKind, OperationStatus
 from ..state.phases import Phase, allowed
 from ..state.transitions import ClusterStatus
 
 log = logging.getLogger("hp.upgrade")
 
-KIND = "Upgrade"  # the operations row's kind
+KIND = OperationKind.UPGRADE
 # Slurm's upgrade guide: a release accepts the state files, RPCs and database of the
 # releases of the previous 18 months (26.05: 25.11, 25.05 and 24.11); releases come every
 # six months (YY.05, YY.11).
@@ -82,12 +83,12 @@ def release_of(image: str) -> str | None:
     return head if head in SlurmRelease._value2member_map_ else None
 
 
-def params(env: Env, op: dict[str, Any]) -> dict[str, Any]:
-    return json.loads(env.store.get(f"upgrade:{op['id']}") or "{}")
+def params(env: Env, op: Operation) -> dict[str, Any]:
+    return json.loads(env.store.get(f"upgrade:{op.id}") or "{}")
 
 
-def active(env: Env, name: str) -> dict[str, Any] | None:
-    return next((op for op in env.store.operations(name) if op["kind"] == KIND), None)
+def active(env: Env, name: str) -> Operation | None:
+    return next((op for op in env.store.operations(name) if op.kind == KIND), None)
 
 
 def jump_problem(frm: str, to: str) -> str | None:
@@ -122,7 +123,7 @@ def problems(env: Env, name: str, to: object, batch_size: int) -> list[str]:
         out.append(f"cluster {name!r} is {row.status}: only an InService cluster can be upgraded")
     if (op := active(env, name)) is not None:
         p = params(env, op)
-        out.append(f"cluster {name!r} is already being upgraded to Slurm {p.get('To', '?')} (operation {op['id']})")
+        out.append(f"cluster {name!r} is already being upgraded to Slurm {p.get('To', '?')} (operation {op.id})")
     if cluster.spec.packages:
         out.append("the cluster has NodePackages: hp upgrade does not build their images for another release yet")
     if custom := [g.InstanceGroupName for g in cluster.spec.InstanceGroups if g.Image]:
@@ -133,8 +134,11 @@ def problems(env: Env, name: str, to: object, batch_size: int) -> list[str]:
         out.append("the cluster spans registered hosts: hp upgrade runs on single-engine clusters only")
     if not out:
         images = env.images(SlurmRelease(str(to)))
-        refs = images.refs(env.node_image_defs())
-        if missing := sorted(r for r in refs.values() if not images.exists(r)):
+        try:
+            missing = sorted(r for r in images.refs(env.node_image_defs()).values() if not images.exists(r))
+        except OperationFailed:  # not even its base image
+            missing = [f"{to}'s base image"]
+        if missing:
             out.append(
                 f"Slurm {to}'s node images are not built ({', '.join(missing)}): run 'hp images build --slurm {to}'"
             )
@@ -146,7 +150,7 @@ def start(env: Env, name: str, to: str, batch_size: int = 1) -> dict[str, Any]:
     if found := problems(env, name, to, batch_size):
         raise BadInput(found, f"cannot upgrade cluster {name!r}")
     frm = Cluster(env, name).spec.release.value
-    op = env.store.add_operation(name, "", KIND, batch_size, None)
+    op = env.store.add_operation(name, "", KIND)
     doc = {"From": frm, "To": to, "BatchSize": batch_size}
     env.store.put(f"upgrade:{op}", json.dumps(doc))
     env.store.event(
@@ -159,7 +163,7 @@ def start(env: Env, name: str, to: str, batch_size: int = 1) -> dict[str, Any]:
 
 def progress(env: Env, name: str) -> dict[str, Any]:
     """Where the cluster's newest upgrade stands: per group, how many nodes run which release."""
-    ops = [op for op in env.store.operations(name, active_only=False) if op["kind"] == KIND]
+    ops = [op for op in env.store.operations(name, active_only=False) if op.kind == KIND]
     if not ops:
         return {"ClusterName": name, "Status": "None"}
     op = ops[-1]
@@ -172,9 +176,9 @@ def progress(env: Env, name: str) -> dict[str, Any]:
         g["Upgraded"] += release_of(c.image) == p.get("To")
     return {
         "ClusterName": name,
-        "OperationId": op["id"],
-        "Status": op["status"],
-        "Message": op["message"] or "",
+        "OperationId": op.id,
+        "Status": op.status.value,
+        "Message": op.message or "",
         **p,
         "Groups": groups,
     }
@@ -217,12 +221,11 @@ class Upgrading(Controller):
 
     # -- the controller: slurmdbd and its database, then slurmctld --------------------
     def _controller(
-        self, cluster: Cluster, op: dict[str, Any], ctl: Container | None, refs: dict[str, str], to: str
+        self, cluster: Cluster, op: Operation, ctl: Container | None, refs: dict[str, str], to: str
     ) -> None:
         store, node = cluster.store, cluster.controller_node
         group = cluster.spec.controller.InstanceGroupName
-        latest = store.latest_phases(self.name).get(node, ("", "", 0.0))[0]
-        if allowed(latest or None, Phase.REPLACING):  # recovery leaves it alone meanwhile
+        if allowed(self._phase(node) or None, Phase.REPLACING):  # recovery leaves it alone meanwhile
             store.set_phase(self.name, node, Phase.REPLACING, f"upgrading to Slurm {to}")
         t0 = time.monotonic()
         if ctl is not None:
@@ -288,7 +291,7 @@ class Upgrading(Controller):
     def _phase(self, node: str) -> str:
         return self.env.store.latest_phases(self.name).get(node, ("", "", 0.0))[0]
 
-    def _controller_up(self, cluster: Cluster, op: dict[str, Any], cid: str, to: str, t0: float) -> None:
+    def _controller_up(self, cluster: Cluster, op: Operation, cid: str, to: str, t0: float) -> None:
         """The new controller started and answering; on failure its container is removed
         (the next try makes it again)."""
         store, node = cluster.store, cluster.controller_node
@@ -311,7 +314,7 @@ class Upgrading(Controller):
     def _workers(
         self,
         cluster: Cluster,
-        op: dict[str, Any],
+        op: Operation,
         todo: dict[str, Container],
         refs: dict[str, str],
         to: str,
@@ -341,7 +344,7 @@ class Upgrading(Controller):
         return s.emptied and not cluster.slurm.jobs_on(s.name)
 
     def _replace(
-        self, cluster: Cluster, op: dict[str, Any], nodes: list[str], refs: dict[str, str], to: str, _: dict[str, str]
+        self, cluster: Cluster, op: Operation, nodes: list[str], refs: dict[str, str], to: str, _: dict[str, str]
     ) -> None:
         def one(n: str) -> bool:
             ok = actions.replace(cluster, n, f"upgrade to Slurm {to}", NODE_UP_S, images=refs)
@@ -351,11 +354,11 @@ class Upgrading(Controller):
 
         parallel(one, nodes)
 
-    def _tried(self, cluster: Cluster, op: dict[str, Any], node: str, why: str) -> None:
+    def _tried(self, cluster: Cluster, op: Operation, node: str, why: str) -> None:
         """Count a failed try at `node`; past MAX_TRIES the upgrade stops, Failed, naming it.
         The controller is tried again and again (each failure an Error event): the cluster
         has no other way back, its state being the new release's once slurmctld read it."""
-        key = f"upgrade:{op['id']}:tries:{node}"
+        key = f"upgrade:{op.id}:tries:{node}"
         n = int(self.env.store.get(key) or "0") + 1
         self.env.store.put(key, str(n))
         if node == cluster.controller_node:
@@ -371,7 +374,7 @@ class Upgrading(Controller):
             "stay on their release and in service"
         )
         self._resume_ours(cluster, reason(params(self.env, op)["To"]))
-        self.env.store.end_operation(op["id"], "Failed", msg)
+        self.env.store.end_operation(op.id, OperationStatus.FAILED, msg)
         self._event(cluster, "Error", msg, None, node)
 
     def _resume_ours(self, cluster: Cluster, mine: str) -> None:
@@ -382,7 +385,7 @@ class Upgrading(Controller):
         except OperationFailed as e:
             log.warning("resuming the nodes drained for the upgrade: %s", e)
 
-    def _finish(self, cluster: Cluster, op: dict[str, Any], p: dict[str, Any]) -> None:
+    def _finish(self, cluster: Cluster, op: Operation, p: dict[str, Any]) -> None:
         to = p["To"]
 
         def change(spec: dict[str, Any]) -> dict[str, Any]:
@@ -390,9 +393,9 @@ class Upgrading(Controller):
             return spec
 
         cluster.store.update_spec(self.name, change)
-        took = time.time() - float(op["started"] or time.time())
+        took = time.time() - op.started
         msg = f"Upgrade of cluster {self.name} from Slurm {p['From']} to {to} completed in {took:.1f} s"
-        cluster.store.end_operation(op["id"], "Succeeded", msg)
+        cluster.store.end_operation(op.id, OperationStatus.DONE, msg)
         self._event(cluster, "Info", msg, None, None)
         # slurmrestd's container, if any, is made again on the new release by the services' watch
         try:

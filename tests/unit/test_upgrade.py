@@ -1,0 +1,143 @@
+"""hp upgrade (cluster/upgrade.py) on fakes: the request's checks (every problem named,
+exit 2, nothing changed), the release rules, and the agent's controller taking a cluster
+from one release to the next in Slurm's order, resuming from what it left."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from fakes import World, spec_doc, world
+from typer.testing import CliRunner
+
+from orchestrator.cluster import upgrade
+from orchestrator.cluster.create import CreateOptions, create
+from orchestrator.cluster.upgrade import Upgrading, jump_problem, release_of
+from orchestrator.errors import BadInput
+from orchestrator.releases import RELEASES, SlurmRelease
+from orchestrator.spec.model import validate
+from orchestrator.state.operations import OperationKind, OperationStatus
+from tests.fakes import force_status
+
+OLD, NEW = SlurmRelease.V24_11, SlurmRelease.V26_05
+
+
+def lab(w: World, release: SlurmRelease = OLD, build_new: bool = True) -> None:
+    for r in {release, NEW} if build_new else {release}:
+        w.provider.images[RELEASES[r].pulled_base] = f"sha256:base-{r}"
+        w.env.images(r).build(log=lambda s: None)
+    spec = validate(spec_doc("lab", SlurmVersion=release.value), w.env.catalogue)
+    create(w.env, spec, CreateOptions(wait=True, timeout=5))
+
+
+def untouched(w: World) -> tuple:
+    return (
+        sorted((c.spec.name, c.spec.image, c.state) for c in w.provider.containers_.values()),
+        w.env.store.cluster("lab").spec,
+        [o for o in w.env.store.operations("lab") if o.kind == OperationKind.UPGRADE],
+    )
+
+
+def test_release_rules() -> None:
+    assert jump_problem("24.11", "26.05") is None  # 26.05 reads 24.11's state and database
+    assert "downgraded" in (jump_problem("26.05", "24.11") or "")
+    assert "already runs" in (jump_problem("24.11", "24.11") or "")
+    assert "does not read" in (jump_problem("24.05", "26.05") or "")  # four releases apart
+    assert release_of("hp-worker:26.05-31e5fd4f416a") == "26.05"
+    assert release_of("hp-controller:24.11-e97c0da5faac") == "24.11"
+    assert release_of("hp-worker:latest") is None and release_of("registry:5000/x") is None
+
+
+def test_bad_requests_are_refused_with_every_problem_and_nothing_changed(tmp_path) -> None:
+    w = world(tmp_path)
+    lab(w)
+    before = untouched(w)
+    with pytest.raises(BadInput) as e:
+        upgrade.start(w.env, "lab", "23.02", batch_size=0)
+    assert e.value.exit_code == 2
+    text = str(e.value)
+    assert "'23.02' is not one hp has" in text and "--batch-size must be at least 1" in text
+    with pytest.raises(BadInput, match="already runs Slurm 24.11"):
+        upgrade.start(w.env, "lab", "24.11")
+    force_status(w.env.store, "lab", "Degraded")
+    with pytest.raises(BadInput, match="only an InService cluster"):
+        upgrade.start(w.env, "lab", "26.05")
+    force_status(w.env.store, "lab", "InService")
+    assert untouched(w) == before and w.agents.poked == []
+    with pytest.raises(BadInput, match="does not exist"):
+        upgrade.start(w.env, "nope", "26.05")
+
+
+def test_a_downgrade_and_missing_images_are_refused(tmp_path) -> None:
+    w = world(tmp_path)
+    lab(w, NEW, build_new=False)
+    with pytest.raises(BadInput, match="cannot be downgraded"):
+        upgrade.start(w.env, "lab", "24.11")
+    w2 = world(tmp_path / "b")
+    lab(w2, OLD, build_new=False)
+    with pytest.raises(BadInput, match=r"not built .*hp images build --slurm 26.05"):
+        upgrade.start(w2.env, "lab", "26.05")
+
+
+def drive(w: World, ctrl: Upgrading, rounds: int = 60) -> None:
+    for _ in range(rounds):
+        ctrl.reconcile("")
+        if not [o for o in w.env.store.operations("lab") if o.kind == OperationKind.UPGRADE]:
+            return
+    raise AssertionError("the upgrade did not end")
+
+
+def test_the_agent_upgrades_in_slurms_order_and_resumes(tmp_path) -> None:
+    w = world(tmp_path)
+    lab(w)
+    doc = upgrade.start(w.env, "lab", "26.05", batch_size=1)
+    assert (doc["From"], doc["To"], w.agents.poked) == ("24.11", "26.05", ["lab"])
+    with pytest.raises(BadInput, match="already being upgraded"):  # one at a time
+        upgrade.start(w.env, "lab", "26.05")
+    w.slurm.set("cpu-1", "ALLOCATED")  # a job runs on cpu-1: it is drained, not replaced, until it ends
+    ctrl = Upgrading(w.env, "lab")
+    ctrl.reconcile("")  # the controller, cleanly stopped first
+    assert ("shutdown", ()) in w.slurm.calls
+    assert release_of(w.provider.node("lab", "controller-1").spec.image) == "26.05"
+    ctrl.reconcile("")  # login
+    assert release_of(w.provider.node("lab", "login-1").spec.image) == "26.05"
+    ctrl.reconcile("")  # cpu-1 drained (batch of 1); its job still runs
+    ctrl.reconcile("")
+    assert w.slurm.nodes_["cpu-1"].drained and release_of(w.provider.node("lab", "cpu-1").spec.image) == "24.11"
+    # a new controller (agent killed and started again) finds where it stood
+    ctrl = Upgrading(w.env, "lab")
+    w.slurm.set("cpu-1", "IDLE", "DRAIN", reason=upgrade.reason("26.05"))  # the job ended
+    drive(w, ctrl)
+    images = {c.spec.hostname: c.spec.image for c in w.provider.containers_.values() if c.state == "running"}
+    assert {release_of(i) for i in images.values()} == {"26.05"}, images
+    assert w.env.store.cluster("lab").spec["SlurmVersion"] == "26.05"
+    op = [o for o in w.env.store.operations("lab", active_only=False) if o.kind == OperationKind.UPGRADE][-1]
+    assert op.status == OperationStatus.DONE and "completed" in op.message
+    texts = [e.description for e in w.env.store.events("lab", limit=1000)]
+    order = [
+        next(i for i, t in enumerate(texts) if needle in t)
+        for needle in (
+            "Controller controller-1 runs Slurm 26.05",
+            "(login-1)",
+            "Instance cpu-1 drained",
+            "(cpu-2) in cluster lab was replaced",
+        )
+    ]
+    assert order == sorted(order), texts
+    assert not any(n.drained for n in w.slurm.nodes_.values())
+
+
+def test_cli_json(tmp_path, monkeypatch) -> None:
+    from orchestrator.cli import common
+    from orchestrator.cli.main import app
+
+    w = world(tmp_path)
+    lab(w)
+    monkeypatch.setattr(common, "env", lambda: w.env)
+    monkeypatch.setattr("orchestrator.cli.software.env", lambda: w.env)
+    r = CliRunner().invoke(app, ["upgrade", "lab", "--slurm", "26.05", "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["Status"] == "InProgress" and doc["Groups"]["cpu"] == {"Nodes": 2, "Upgraded": 0}
+    r = CliRunner().invoke(app, ["upgrade", "lab", "--slurm", "24.11"])
+    assert isinstance(r.exception, BadInput) and r.exception.exit_code == 2
