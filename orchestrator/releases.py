@@ -19,8 +19,9 @@ class SlurmRelease(StrEnum):
     V26_05 = "26.05"
 
 
-# What a spec without SlurmVersion (and `hp create` without --slurm) gets.
-DEFAULT = SlurmRelease.V24_11
+# What a spec without SlurmVersion (and `hp create` without --slurm) gets: 26.05 (24.11's support
+# ended in May 2026; the e2e suite passes on both, docs/testing.md).
+DEFAULT = SlurmRelease.V26_05
 # A stored spec of a cluster made before hp had a choice ran this release.
 BEFORE_CHOICE = SlurmRelease.V24_11
 
