@@ -11,7 +11,7 @@ COVERAGE_MIN ?= 85
 # e2e and fault tests side by side: they mostly wait for containers and daemons
 E2E_WORKERS ?= 4
 
-.PHONY: all venv docker images demo demo-clean test lint unit e2e faults bench clean
+.PHONY: all venv docker images images-all demo demo-clean test lint unit e2e faults bench clean
 
 all: images
 
@@ -31,6 +31,12 @@ docker:
 
 images: venv docker
 	$(HP) images build
+
+# every other Slurm release's images too, for the tests (tests/e2e/test_upgrade.py starts a
+# cluster on 24.11 and upgrades it; HP_TEST_SLURM=24.11 runs the e2e suite on it)
+images-all: images
+	@for r in $$($(PY) -c 'from orchestrator.releases import DEFAULT, RELEASES; print(*(r for r in RELEASES if r != DEFAULT))'); do \
+		echo "$(HP) images build --slurm $$r"; $(HP) images build --slurm $$r || exit 1; done
 
 demo: images
 	@$(HP) delete $(DEMO) --missing-ok
@@ -53,7 +59,7 @@ unit: venv
 
 # e2e and fault tests on E2E_WORKERS xdist workers (tests that share a module's cluster are one
 # xdist_group), then the `serial` ones alone (the engine restart disturbs every other test)
-e2e: images
+e2e: images-all
 	$(PY) -m pytest tests/e2e tests/faults -v --durations=25 -n $(E2E_WORKERS) --dist loadgroup -m "not serial" $(PYTEST_ARGS)
 	$(PY) -m pytest tests/e2e tests/faults -v -m serial $(PYTEST_ARGS)
 

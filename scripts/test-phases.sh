@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# `make test`: every phase in order (venv, Docker engine, images, lint, unit, e2e), each timed;
-# it stops at the first that fails. At the end, also after a failure: each phase's time and
+# `make test`: every phase in order (venv, Docker engine, images, the other Slurm releases' images,
+# lint, unit, e2e), each timed; it stops at the first that fails. At the end, also after a failure: each phase's time and
 # result, then one closing line with the tests' counts summed over the pytest runs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -30,7 +30,7 @@ PY
 }
 trap summary EXIT
 
-for phase in venv docker images lint unit e2e; do
+for phase in venv docker images images-all lint unit e2e; do
     t=$(date +%s)
     $MAKE_CMD --no-print-directory "$phase" 2>&1 | tee -a "$LOG"
     rc=${PIPESTATUS[0]}
