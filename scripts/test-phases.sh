@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make test`: every phase in order (venv, Docker engine, images, the other Slurm releases' images,
-# lint, unit, e2e), each timed; it stops at the first that fails. At the end, also after a failure: each phase's time and
-# result, then one closing line with the tests' counts summed over the pytest runs.
+# lint, unit, e2e), each timed; it stops at the first that fails. At the end, also after a
+# failure: each phase's time and result, then one closing line with the tests' counts summed
+# over the pytest runs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MAKE_CMD=${MAKE:-make}
