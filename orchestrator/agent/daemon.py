@@ -53,7 +53,7 @@ from ..slurm.model import SlurmNode
 from ..spec.model import InstanceGroup
 from ..state.health_requests import Records
 from ..state.operations import ROLLS_BACK, Operation, OperationStatus
-from ..state.phases import Phase
+from ..state.phases import NodePhase, Phase
 from ..state.transitions import ClusterStatus
 from .gpuwatch import GpuWatch
 from .onstart_queue import OnStartQueue
@@ -159,8 +159,8 @@ class Agent:
             return
         latest = store.latest_phases(self.name)
 
-        def phases(g: InstanceGroup) -> list[tuple[str, str]]:
-            return [(p, m) for n, (p, m, _) in latest.items() if group_prefix(n) == g.InstanceGroupName.lower()]
+        def phases(g: InstanceGroup) -> list[NodePhase]:
+            return [r for n, r in latest.items() if group_prefix(n) == g.InstanceGroupName.lower()]
 
         for op in ops:
             if op["kind"] == UPGRADE:  # the upgrade's controller ends its own (cluster/upgrade.py)
@@ -172,12 +172,12 @@ class Agent:
                 store.end_operation(op.id, OperationStatus.FAILED, "group no longer exists")
                 continue
             ph = phases(g)
-            failed = [m for p, m in ph if p == Phase.LAUNCH_FAILED.value]
+            failed = [r.message for r in ph if r.phase is Phase.LAUNCH_FAILED]
             if failed and not cluster.spec.continuous and op.kind in ROLLS_BACK and op.previous is not None:
                 self._roll_back(cluster, op, g, failed[0])
                 continue
-            running = sum(1 for p, _ in ph if p == Phase.RUNNING.value)
-            busy = any(p in (Phase.QUEUED, Phase.LAUNCHING, Phase.LAUNCH_FAILED, Phase.SHUTTING_DOWN) for p, _ in ph)
+            running = sum(1 for r in ph if r.phase is Phase.RUNNING)
+            busy = any(r.phase in (Phase.QUEUED, Phase.LAUNCHING, Phase.LAUNCH_FAILED, Phase.SHUTTING_DOWN) for r in ph)
             if running == g.InstanceCount and not busy:
                 store.end_operation(op.id, OperationStatus.DONE)
                 store.event(
@@ -191,7 +191,7 @@ class Agent:
                 )
         if row is not None and row.status == ClusterStatus.CREATING:
             done = all(
-                sum(1 for p, _ in phases(g) if p == Phase.RUNNING.value) >= g.InstanceCount
+                sum(1 for r in phases(g) if r.phase is Phase.RUNNING) >= g.InstanceCount
                 for g in cluster.spec.InstanceGroups
                 if g.node_type != "Controller"
             )

@@ -51,7 +51,7 @@ from ..naming import L_GPU_MODE, L_ROLE, L_WATCHES, labels, monitor_name
 from ..recovery import actions
 from ..recovery.rules import escalation, rebooted_for
 from ..runtime import Controller, Result
-from ..state.phases import Owner, Phase, owner
+from ..state.phases import Owner, Phase, owner_of
 from ..verdict import Action
 
 log = logging.getLogger("hp.gpuwatch")
@@ -276,7 +276,7 @@ class GpuWatch(Controller):
     def _rebooted_at(self, node: str) -> float | None:
         """When the node was last rebooted (None: never): its monitor's lines from then on
         are news, those before were what that reboot was for."""
-        times = [t for phase, _, t in self.env.store.node_history(self.name, node) if phase == Phase.REBOOTING]
+        times = [r.time for r in self.env.store.node_history(self.name, node) if r.phase is Phase.REBOOTING]
         return times[-1] if times else None
 
     def _bad_gpus(self, node: str, cont: Container, findings: list[Finding]) -> list[str]:
@@ -307,8 +307,7 @@ class GpuWatch(Controller):
             todo = self._step(sn.name, got[0], sn.reason) if got else Action.NONE
             if todo is Action.NONE:
                 continue
-            phase, _, since = latest.get(sn.name, ("", "", 0.0))
-            if owner(phase or None, since, now) not in (Owner.NONE, Owner.RECONCILER):
+            if owner_of(latest.get(sn.name), now) not in (Owner.NONE, Owner.RECONCILER):
                 continue  # a health check or a recovery owns it now
             if todo is not Action.REPLACE and sn.busy:
                 continue  # jobs still running: never killed for a reboot

@@ -19,7 +19,8 @@ from ..services.accounting import secret_files
 from ..slurm.conf import render
 from ..state.health_requests import Records
 from ..state.home import cluster_folder
-from ..state.phases import Phase
+from ..state.phases import NodePhase, Phase, Phases
+from ..state.store import Latest
 
 Log = Callable[[str], None]
 RECENT_S = 3600.0  # a node removed (on purpose) within the last hour still gets a folder
@@ -52,13 +53,11 @@ class LogWriter:
         self.write(rel, json.dumps(doc, indent=2, default=str) + "\n")
 
 
-def nodes_to_collect(
-    containers: dict[str, Container], recorded: dict[str, tuple[str, str, float]], now: float
-) -> list[str]:
+def nodes_to_collect(containers: dict[str, Container], recorded: Latest, now: float) -> list[str]:
     """Nodes with a container, and recorded ones that are not long gone."""
     keep = set(containers)
-    for n, (phase, _, t) in recorded.items():
-        if phase != Phase.REMOVED.value or now - t < RECENT_S:
+    for n, rec in recorded.items():
+        if rec.phase is not Phase.REMOVED or now - rec.time < RECENT_S:
             keep.add(n)
     return sorted(keep)
 
@@ -86,7 +85,7 @@ def export_logs(env: Env, name: str, directory: Path, log: Log = lambda s: None)
     ctl_up = ctl is not None and ctl.running
     # Slurm through the controller found by its labels: also for leftovers with no record
     slurm = env.slurm_factory(p, ctl.id) if ctl is not None and ctl_up else None
-    recorded = env.store.latest_phases(name) if row else {}
+    recorded = env.store.latest_phases(name) if row else Phases()
     nodes = nodes_to_collect(by_node, recorded, time.time())
     for node in nodes:
         log(f"collecting {node}")
@@ -128,11 +127,14 @@ def _node_logs(
     w: LogWriter,
     node: str,
     c: Container | None,
-    recorded: tuple[str, str, float] | None,
+    recorded: NodePhase | None,
     slurm: Any,
 ) -> None:
     p = cluster.p
-    phase = {"RecordedStatus": recorded[0] if recorded else None, "Message": recorded[1] if recorded else None}
+    phase = {
+        "RecordedStatus": recorded.phase.value if recorded else None,
+        "Message": recorded.message if recorded else None,
+    }
     if c is None:  # recorded by hp but has no container (e.g. launch failed, or removed)
         w.json(f"{node}/status.json", {"Node": node, "Container": None, **phase})
         return

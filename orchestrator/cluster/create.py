@@ -432,7 +432,7 @@ class Creating:
             latest = c.store.latest_phases(c.name)
             out: dict[GroupReconciler, list[str]] = {}
             for n in mine:
-                if latest.get(n, ("",))[0] != Phase.RUNNING.value and self.nodes.rec_of[n] in of:
+                if latest.phase(n) is not Phase.RUNNING and self.nodes.rec_of[n] in of:
                     out.setdefault(self.nodes.rec_of[n], []).append(n)
             return out
 
@@ -450,7 +450,7 @@ class Creating:
                     if every or workers_done:
                         r.sync(snodes)
             latest = c.store.latest_phases(c.name)
-            running = {n for n in self.nodes.rec_of if latest.get(n, ("",))[0] == Phase.RUNNING.value}
+            running = {n for n in self.nodes.rec_of if latest.phase(n) is Phase.RUNNING}
             counts = {g: (sum(1 for n in running if self.nodes.rec_of[n].group == g), t, 0) for g, t in target.items()}
             self.progress.groups(counts)
             failed = set(self.failures()) & mine

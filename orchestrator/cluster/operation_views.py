@@ -65,7 +65,7 @@ def counts(op: Operation, spec: ClusterSpec, latest: Latest, group: str) -> dict
     """A group's counts: CurrentCount its nodes Running now, MinCount and TargetCount the
     spec's (TargetCount the one the operation set, for a count-changing one)."""
     g = spec.group(group)
-    running = sum(1 for n, (p, _, _) in latest.items() if p == Phase.RUNNING and group_prefix(n) == group.lower())
+    running = sum(1 for n, r in latest.items() if r.phase is Phase.RUNNING and group_prefix(n) == group.lower())
     return {
         "InstanceGroupName": group,
         "CurrentCount": running,

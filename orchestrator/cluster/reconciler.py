@@ -34,7 +34,7 @@ from ..errors import LaunchError, OperationFailed
 from ..naming import L_GROUP, group_prefix, node_id, node_name, split_node
 from ..slurm.model import REMOVING_REASON, SlurmNode
 from ..spec.model import InstanceGroup
-from ..state.phases import Backoff, History, Owner, Phase, owner
+from ..state.phases import Backoff, History, Owner, Phase, Phases, owner, owner_of
 from ..state.store import Latest
 
 log = logging.getLogger("hp.agent")
@@ -141,7 +141,6 @@ class GroupReconciler:
         if seen is None:
             return RESYNC
         g, latest, now = seen.group, seen.latest, seen.now
-        phase = {n: v[0] for n, v in latest.items()}
         # 1. passive sync: what became of launching nodes, and nodes being removed
         nxt, active = self._passive(seen, snodes)
         # 2. scale down: extra nodes, idle and broken ones first
@@ -150,9 +149,7 @@ class GroupReconciler:
             # only nodes the reconciler owns or that run: one under a health check or a
             # recovery is left to finish (the next pass picks again)
             owned = {
-                n: ci
-                for n, ci in active.items()
-                if owner(phase.get(n), latest.get(n, ("", "", now))[2], now) in (Owner.RECONCILER, Owner.NONE)
+                n: ci for n, ci in active.items() if owner_of(latest.get(n), now) in (Owner.RECONCILER, Owner.NONE)
             }
             victims = self._pick_victims(owned, snodes, min(extra, len(owned)))
             if not victims:
@@ -172,9 +169,7 @@ class GroupReconciler:
         # not missing.
         mine = seen.mine
         recovering = {
-            n
-            for n, (_, _, t) in latest.items()
-            if n not in mine and owner(phase[n], t, now) in (Owner.RECOVERY, Owner.HEALTH)
+            n for n, rec in latest.items() if n not in mine and owner_of(rec, now) in (Owner.RECOVERY, Owner.HEALTH)
         }
         # on a registered host that does not answer: not missing (the host watcher
         # replaces them, or they come back with their host)
@@ -208,8 +203,8 @@ class GroupReconciler:
         if seen is None:
             return RESYNC
         nxt, _ = self._passive(seen, snodes)
-        for n, (ph, _, _) in seen.latest.items():
-            gone = ph == Phase.LAUNCHING.value and n not in seen.mine
+        for n, rec in seen.latest.items():
+            gone = rec.phase is Phase.LAUNCHING and n not in seen.mine
             if gone and (err := not_joined(self.c.p, None, None, "", 0.0)):
                 self.failed(n, err)
         return max(nxt, 0.05)
@@ -225,7 +220,7 @@ class GroupReconciler:
         if g is None or g.node_type == "Controller":
             return None
         prefix = self.group.lower()
-        latest = {n: v for n, v in latest_all.items() if group_prefix(n) == prefix}
+        latest = Phases({n: v for n, v in latest_all.items() if group_prefix(n) == prefix})
         listed = self.c.current(self.c.p.containers(self.c.name, {L_GROUP: self.group}))
         mine = {c.node: c for c in listed if c.is_node and c.node}
         return _Seen(g, latest, latest_all, mine, placed, self.clock())
@@ -236,7 +231,7 @@ class GroupReconciler:
         nxt = RESYNC
         active: dict[str, Container] = {}
         for n, ci in seen.mine.items():
-            if seen.latest.get(n, ("",))[0] == Phase.SHUTTING_DOWN.value:
+            if seen.latest.phase(n) is Phase.SHUTTING_DOWN:
                 nxt = min(nxt, self._remove(n, ci, snodes))
                 continue
             active[n] = ci
@@ -343,12 +338,12 @@ class GroupReconciler:
         """Nodes with no container: one waiting to be launched that the target no longer
         needs is dropped; one left ShuttingDown (e.g. a crash after its container was
         removed) is closed."""
-        for n, (ph, _, _) in latest.items():
+        for n, rec in latest.items():
             if n in existing:
                 continue
-            if ph in (Phase.QUEUED.value, Phase.LAUNCH_FAILED.value) and n not in wanted:
+            if rec.phase in (Phase.QUEUED, Phase.LAUNCH_FAILED) and n not in wanted:
                 self.rec.set(self.group, n, Phase.REMOVED, "no longer needed (scaled down)")
-            elif ph == Phase.SHUTTING_DOWN.value:
+            elif rec.phase is Phase.SHUTTING_DOWN:
                 self.rec.set(self.group, n, Phase.REMOVED, "its container is gone")
 
     def _pick_victims(self, active: dict[str, Container], snodes: SNodes, k: int) -> list[str]:

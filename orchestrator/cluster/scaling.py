@@ -19,7 +19,7 @@ from ..errors import BadInput
 from ..naming import node_id
 from ..spec.model import SLURM_MAX_NODES
 from ..state.operations import OperationKind
-from ..state.phases import Owner, Phase, owner
+from ..state.phases import Owner, Phase, owner_of
 from ..state.transitions import ClusterStatus
 
 SCALABLE = (ClusterStatus.IN_SERVICE, ClusterStatus.CREATING)
@@ -139,11 +139,11 @@ def delete_nodes(env: Env, name: str, nodes: list[str]) -> dict[str, Any]:
         if existing[real].role == "controller":
             problems.append(f"{real} is the controller: it cannot be deleted")
             continue
-        phase, _, since = latest.get(real, ("", "", 0.0))
-        if phase in (Phase.SHUTTING_DOWN.value, Phase.REMOVED.value):
+        phase = latest.phase(real)
+        if phase in (Phase.SHUTTING_DOWN, Phase.REMOVED):
             problems.append(f"{real} is already being removed")
             continue
-        if owner(phase or None, since, now) in (Owner.HEALTH, Owner.RECOVERY):
+        if owner_of(latest.get(real), now) in (Owner.HEALTH, Owner.RECOVERY):
             problems.append(f"{real} is {phase} (a health check or recovery owns it now); try again when it is Running")
             continue
         chosen[real] = existing[real].group

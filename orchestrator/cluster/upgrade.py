@@ -225,7 +225,7 @@ class Upgrading(Controller):
     ) -> None:
         store, node = cluster.store, cluster.controller_node
         group = cluster.spec.controller.InstanceGroupName
-        if allowed(self._phase(node) or None, Phase.REPLACING):  # recovery leaves it alone meanwhile
+        if allowed(self._phase(node), Phase.REPLACING):  # recovery leaves it alone meanwhile
             store.set_phase(self.name, node, Phase.REPLACING, f"upgrading to Slurm {to}")
         t0 = time.monotonic()
         if ctl is not None:
@@ -288,8 +288,8 @@ class Upgrading(Controller):
                 f"the database's files could not be given to Slurm {image}'s MariaDB: {res.output[-300:]}"
             )
 
-    def _phase(self, node: str) -> str:
-        return self.env.store.latest_phases(self.name).get(node, ("", "", 0.0))[0]
+    def _phase(self, node: str) -> Phase | None:
+        return self.env.store.latest_phases(self.name).phase(node)
 
     def _controller_up(self, cluster: Cluster, op: Operation, cid: str, to: str, t0: float) -> None:
         """The new controller started and answering; on failure its container is removed

@@ -277,11 +277,7 @@ class Cluster:
         if not down:
             return {}
         held = (Phase.RUNNING, Phase.LAUNCHING, Phase.CHECKING, Phase.REBOOTING)
-        return {
-            n: (h, down[h])
-            for n, h in placed.items()
-            if h in down and n not in seen and latest.get(n, ("",))[0] in held
-        }
+        return {n: (h, down[h]) for n, h in placed.items() if h in down and n not in seen and latest.phase(n) in held}
 
     def group_of(self, name: str) -> InstanceGroup:
         g = self.spec.group(name)

@@ -46,7 +46,7 @@ from ..naming import group_prefix, node_id
 from ..recovery import actions
 from ..runtime import Controller, Result
 from ..state.phases import Phase, allowed
-from ..state.store import iso
+from ..state.store import Latest, iso
 from ..state.transitions import ClusterStatus
 from .engines import record_lost
 from .registry import _manager
@@ -180,7 +180,7 @@ class HostWatch(Controller):
         placed = store.node_hosts(self.name)
         latest = store.latest_phases(self.name)
         gone = (Phase.REMOVED, Phase.SHUTTING_DOWN)
-        ours = sorted(n for n, h in placed.items() if h == host and latest.get(n, ("",))[0] not in gone)
+        ours = sorted(n for n, h in placed.items() if h == host and latest.phase(n) not in gone)
         if not ours:
             return
         log.warning("host %s lost (%s): nodes %s", host, why, ", ".join(ours))
@@ -196,19 +196,19 @@ class HostWatch(Controller):
             return
         automatic = spec.NodeRecovery == "Automatic"
         for n in ours:
-            phase = latest.get(n, ("",))[0]
+            phase = latest.phase(n)
             g = c.spec.group(_group_of(c, n))
             store.event(
                 self.name,
                 "Instance",
                 "Warn",
                 f"Instance {n} in cluster {self.name} is lost with its host {host}: {why}"
-                + ("; replacing it on another host" if automatic and allowed(phase or None, Phase.REPLACING) else ""),
+                + ("; replacing it on another host" if automatic and allowed(phase, Phase.REPLACING) else ""),
                 g.InstanceGroupName if g else None,
                 None,
                 n,
             )
-            if automatic and allowed(phase or None, Phase.REPLACING):
+            if automatic and allowed(phase, Phase.REPLACING):
                 t = threading.Thread(
                     target=self._run_replace,
                     args=(n, f"its host {host} does not answer ({why})"),
@@ -220,8 +220,8 @@ class HostWatch(Controller):
             else:
                 self._mark(n, host, at, why, latest)
 
-    def _mark(self, n: str, host: str, at: str, why: str, latest: dict) -> None:
-        if latest.get(n, ("",))[0] == Phase.RUNNING.value:
+    def _mark(self, n: str, host: str, at: str, why: str, latest: Latest) -> None:
+        if latest.phase(n) is Phase.RUNNING:
             self.env.store.set_phase(self.name, n, Phase.RUNNING, f"its host {host} does not answer ({why}) since {at}")
 
     def _run_replace(self, n: str, why: str) -> None:
@@ -239,8 +239,8 @@ class HostWatch(Controller):
         store.event(self.name, "Cluster", "Info", f"Cluster {self.name}: host {host} answers again")
         self.sweep(host, returned=True)
         mark = f"its host {host} does not answer"
-        for n, (phase, msg, _) in store.latest_phases(self.name).items():
-            if phase == Phase.RUNNING.value and msg.startswith(mark):
+        for n, rec in store.latest_phases(self.name).items():
+            if rec.phase is Phase.RUNNING and rec.message.startswith(mark):
                 store.set_phase(self.name, n, Phase.RUNNING, f"back with its host {host}")
 
     def sweep(self, host: str, returned: bool) -> list[str]:
@@ -280,8 +280,7 @@ class HostWatch(Controller):
                 )
                 continue
             if returned and not x.running:
-                phase = latest.get(x.node, ("",))[0]
-                if x.role == "controller" or phase == Phase.RUNNING.value:
+                if x.role == "controller" or latest.phase(x.node) is Phase.RUNNING:
                     log.info("starting %s again on %s", x.node, host)
                     try:
                         p.start(x.id)

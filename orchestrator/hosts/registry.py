@@ -378,8 +378,7 @@ def nodes_on(store: Store, host: str, engine: DockerEngine | None) -> dict[str, 
             row = store.cluster(cl)
             if row is None:
                 continue
-            phase = store.latest_phases(cl).get(node, ("",))[0]
-            if phase != Phase.REMOVED:
+            if store.latest_phases(cl).phase(node) is not Phase.REMOVED:
                 out.setdefault(cl, []).append((node, "controller" if node == _controller_of(row.spec) else "node"))
     return out
 

@@ -22,7 +22,7 @@ from ..errors import TRANSIENT, BadInput, LaunchError, OperationFailed
 from ..naming import ROLE_BY_NODE_TYPE, node_id, split_node
 from ..services.accounting import before_controller_start
 from ..slurm.model import ONSTART_REASON, REBOOTING_REASON, REQUEUED_NOTE, SlurmNode, job_note
-from ..state.phases import Phase, allowed, owner
+from ..state.phases import Phase, allowed, owner_of
 from ..verdict import Action
 from .rules import escalation
 
@@ -82,10 +82,10 @@ def request_problems(cluster: Cluster, action: str, nodes: list[str], timeout: f
             )
         if action == "reboot" and t.container is None:
             problems.append(f"{n} has no container to reboot; replace it with 'hp replace {cluster.name} {n}'")
-        phase, _, since = latest.get(n, ("", "", 0.0))
-        o = owner(phase or None, since, now)
+        phase = latest.phase(n)
+        o = owner_of(latest.get(n), now)
         to, done = (Phase.REBOOTING, "rebooted") if action == "reboot" else (Phase.REPLACING, "replaced")
-        if not allowed(phase or None, to):
+        if not allowed(phase, to):
             problems.append(
                 f"{n} is {phase} (owned by {o.value}): it cannot be {done} now; try again when it is Running"
             )
@@ -210,7 +210,7 @@ def recover(cluster: Cluster, node: str, reason: str, wait: float = 60.0, keep_d
     replaceable = target(cluster, node).role != "controller"
     for _ in range(2):
         history = cluster.store.node_history(cluster.name, node)
-        rebooted = bool(history) and history[-1][0] == Phase.REBOOTING
+        rebooted = bool(history) and history[-1].phase is Phase.REBOOTING
         todo = escalation(Action.RECOVER, rebooted, replaceable)
         if todo is Action.NONE:
             return False

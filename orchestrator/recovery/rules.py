@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..slurm.model import SlurmNode
-from ..state.phases import Owner, Phase, owner
+from ..state.phases import NodePhase, Owner, Phase, owner_of
 from ..verdict import Action
 
 ANY = "*"
@@ -75,14 +75,14 @@ def escalation(action: Action, rebooted: bool, replaceable: bool = True) -> Acti
 NEW_CONTAINER = frozenset({Phase.QUEUED, Phase.LAUNCHING, Phase.REPLACING})
 
 
-def rebooted_for(history: Sequence[tuple[str, str, float]], fault: str) -> bool:
+def rebooted_for(history: Sequence[NodePhase], fault: str) -> bool:
     """Whether the node was rebooted for `fault` (words its reboot's reason holds) since its
     container was made, from its recorded phases, oldest first (Store.node_history): the
     escalation survives an agent restart."""
-    for phase, message, _ in reversed(history):
-        if phase == Phase.REBOOTING and fault in message:
+    for rec in reversed(history):
+        if rec.phase is Phase.REBOOTING and fault in rec.message:
             return True
-        if phase in NEW_CONTAINER:
+        if rec.phase in NEW_CONTAINER:
             return False
     return False
 
@@ -118,7 +118,7 @@ class Seen:
 
 
 def guard(
-    seen: Seen, recorded: tuple[str, str, float] | None, busy: bool, last_done: float, retry_at: float, now: float
+    seen: Seen, recorded: NodePhase | None, busy: bool, last_done: float, retry_at: float, now: float
 ) -> str | None:
     """Why not to act on an observation (None: go ahead). Pure."""
     if busy:
@@ -128,14 +128,13 @@ def guard(
     if now < retry_at:
         return "backing off after a failed recovery"
     if recorded is not None:
-        phase, _, t = recorded
-        if t > seen.at:
+        if recorded.time > seen.at:
             return "its status changed after the observation"
-        o = owner(phase, t, now)
-        if o is Owner.RECOVERY and t <= last_done:
+        o = owner_of(recorded, now)
+        if o is Owner.RECOVERY and recorded.time <= last_done:
             pass  # written by this watcher's own action, which has ended (failed): not an owner any more
         elif o is not Owner.NONE:
-            return f"it is {phase} (owned by {o.value})"
+            return f"it is {recorded.phase} (owned by {o.value})"
     return None
 
 

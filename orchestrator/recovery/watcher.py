@@ -19,6 +19,7 @@ from ..docker.views import Event
 from ..errors import TRANSIENT, EngineError, EngineUnavailable, report_bug
 from ..runtime import Controller, Result
 from ..slurm.model import DOWN, SlurmNode
+from ..state.phases import NodePhase
 from ..state.transitions import ClusterStatus
 from ..verdict import Action
 from . import actions
@@ -190,7 +191,7 @@ class RecoveryWatcher(Controller):
         seen = Seen(node, role, cond, slurm_condition(sn), ev.time or time.time(), why)
         self.consider(seen, automatic, self.env.store.latest_phases(self.name).get(node))
 
-    def consider(self, seen: Seen, automatic: bool, recorded: tuple[str, str, float] | None) -> None:
+    def consider(self, seen: Seen, automatic: bool, recorded: NodePhase | None) -> None:
         action = decide(seen.role, seen.container, seen.slurm, automatic)
         if action is Action.NONE:
             return

@@ -99,9 +99,9 @@ class ClusterCollector:
 
         phases = GaugeMetricFamily("hp_nodes", "hp's nodes by group and phase", labels=["cluster", "group", "phase"])
         by_phase: dict[tuple[str, str], int] = {}
-        for node, (phase, _, _) in c.store.latest_phases(name).items():
-            if phase != Phase.REMOVED.value:
-                key = (group(node), phase)
+        for node, rec in c.store.latest_phases(name).items():
+            if rec.phase is not Phase.REMOVED:
+                key = (group(node), rec.phase.value)
                 by_phase[key] = by_phase.get(key, 0) + 1
         for (g, ph), k in sorted(by_phase.items()):
             phases.add_metric([name, g, ph], k)

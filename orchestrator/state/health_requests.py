@@ -43,8 +43,10 @@ OPERATION_END = {
 }
 
 
-@dataclass
+@dataclass(frozen=True)
 class Request:
+    """A deep health-check request as recorded (Records.request, requests, active)."""
+
     id: str
     cluster: str
     state: RequestState

@@ -72,17 +72,6 @@ class Operation:
     def active(self) -> bool:
         return self.status == OperationStatus.IN_PROGRESS
 
-    def __getitem__(self, key: str) -> object:
-        """Transitional, for code written against the dictionaries Store.operations
-        returned before (`op["kind"]`, `op["nodes"]` a comma-joined string): new code
-        reads the attributes."""
-        if key not in LEGACY_KEYS:
-            raise KeyError(key)
-        return ",".join(self.nodes) if key == "nodes" else getattr(self, key)
-
-
-LEGACY_KEYS = frozenset({"id", "group", "kind", "target", "previous", "nodes", "status", "message", "started", "ended"})
-
 
 def supersedes(new: Operation, old: Operation) -> bool:
     """Does `new` take `old`'s place (HyperPod: a newer update of the same group)?"""

@@ -31,6 +31,25 @@ class Phase(StrEnum):
     REMOVED = "Removed"  # gone on purpose (scale-down, delete-nodes): terminal
 
 
+@dataclass(frozen=True, slots=True)
+class NodePhase:
+    """One recorded phase of a node: what the store hands back (Store.latest_phases,
+    Store.node_history), never a raw string."""
+
+    phase: Phase
+    message: str
+    time: float
+
+
+class Phases(dict[str, NodePhase]):
+    """node -> its latest recorded phase (Store.latest_phases)."""
+
+    def phase(self, node: str) -> Phase | None:
+        """The node's latest phase; None when it has no history."""
+        rec = self.get(node)
+        return rec.phase if rec is not None else None
+
+
 P = Phase
 
 
@@ -180,6 +199,11 @@ def visible(phase: Phase | str) -> InstanceStatus | str:
     return VISIBLE[p] if p is not None else str(phase)
 
 
+def owner_of(rec: NodePhase | None, now: float) -> Owner:
+    """Who owns a node whose latest record is `rec` (None: no history, nobody)."""
+    return owner(rec.phase, rec.time, now) if rec is not None else Owner.NONE
+
+
 def owner(phase: Phase | str | None, since: float | None, now: float) -> Owner:
     """Who owns a node recorded in `phase` since `since` (a recovery stops owning it
     after RECOVERY_OWNERSHIP_S without a new record)."""
@@ -194,29 +218,29 @@ def owner(phase: Phase | str | None, since: float | None, now: float) -> Owner:
 
 @dataclass(frozen=True)
 class History:
-    """A node's status history, oldest first: (phase, message, time)."""
+    """A node's status history, oldest first (Store.node_history)."""
 
-    rows: list[tuple[str, str, float]]
+    rows: list[NodePhase]
 
     @property
     def phase(self) -> Phase | None:
-        return parse(self.rows[-1][0]) if self.rows else None
+        return self.rows[-1].phase if self.rows else None
 
     @property
     def message(self) -> str:
-        return self.rows[-1][1] if self.rows else ""
+        return self.rows[-1].message if self.rows else ""
 
     @property
     def since(self) -> float | None:
-        return self.rows[-1][2] if self.rows else None
+        return self.rows[-1].time if self.rows else None
 
     def failures_since_running(self) -> int:
         """Consecutive failed launches since the node last ran: the retry count."""
         n = 0
-        for phase, _, _ in reversed(self.rows):
-            if phase == P.RUNNING.value:
+        for rec in reversed(self.rows):
+            if rec.phase is P.RUNNING:
                 break
-            if phase == P.LAUNCH_FAILED.value:
+            if rec.phase is P.LAUNCH_FAILED:
                 n += 1
         return n
 

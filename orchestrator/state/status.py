@@ -11,7 +11,7 @@ from ..docker.views import Container
 from ..naming import ROLE_BY_NODE_TYPE, group_prefix, node_id, split_node
 from ..slurm.model import SlurmNode
 from .phases import InstanceStatus as S
-from .phases import visible
+from .phases import NodePhase, visible
 from .statuses import GroupStatus
 from .store import Latest
 
@@ -53,12 +53,12 @@ def instance_status(
     role: str,
     container: Container | None,
     snode: SlurmNode | None,
-    recorded: tuple[str, str, float] | None,
+    recorded: NodePhase | None,
     controller_up: bool,
 ) -> tuple[str, str]:
     """HyperPod InstanceStatus (Pending, Running, Failure, ShuttingDown,
     DeepHealthCheckInProgress, NotFound) and a message."""
-    rec_status, rec_msg = (visible(recorded[0]), recorded[1]) if recorded else ("", "")
+    rec_status, rec_msg = (visible(recorded.phase), recorded.message) if recorded else ("", "")
     if rec_status == S.SHUTTING_DOWN and container is not None:
         return rec_status, rec_msg
     if rec_status == S.CHECKING and container is not None:
@@ -106,7 +106,7 @@ def node_views(
     (host, why))."""
     out = []
     lost = lost or {}
-    names = set(containers) | set(lost) | {n for n, r in recorded.items() if visible(r[0]) == S.PENDING}
+    names = set(containers) | set(lost) | {n for n, r in recorded.items() if visible(r.phase) == S.PENDING}
     groups: dict[str, tuple[str, str, str]] = {}  # group name, lower case -> (its name, role, type)
     if names - set(containers):
         groups = {

@@ -30,7 +30,7 @@ from ..naming import DEFAULT_UID
 from . import phases
 from .home import DB_NAME, cluster_folder, hp_home
 from .operations import LEGACY_DONE, Operation, OperationKind, OperationStatus, owner, supersedes
-from .phases import Phase
+from .phases import NodePhase, Phase, Phases
 from .transitions import ClusterStatus, cluster_edge, expected
 
 SCHEMA = """
@@ -153,7 +153,7 @@ class Event:
         }
 
 
-Latest = dict[str, tuple[str, str, float]]  # node -> (phase, message, time)
+Latest = Phases  # node -> its latest NodePhase
 
 
 @dataclass
@@ -551,9 +551,10 @@ class Store:
         with self.transaction() as db:
             return self._write_phase(db, cluster, node, phase, message)
 
-    def node_history(self, cluster: str, node: str) -> list[tuple[str, str, float]]:
+    def node_history(self, cluster: str, node: str) -> list[NodePhase]:
+        """The node's recorded phases, oldest first."""
         return [
-            (r[0], r[1], r[2])
+            NodePhase(Phase(r[0]), r[1], r[2])
             for r in self._x(
                 "SELECT status, message, time FROM node_status WHERE cluster=? AND node=? ORDER BY id", (cluster, node)
             )
@@ -582,10 +583,10 @@ class Store:
                 latest = self._db.execute(self._LATEST, (name,)).fetchall()
             finally:
                 self._db.execute("COMMIT")
-        return (_cluster(rows[0]) if rows else None), {r[0]: (r[1], r[2], r[3]) for r in latest}
+        return (_cluster(rows[0]) if rows else None), _phases(latest)
 
     def latest_phases(self, cluster: str) -> Latest:
-        return {r[0]: (r[1], r[2], r[3]) for r in self._x(self._LATEST, (cluster,))}
+        return _phases(self._x(self._LATEST, (cluster,)))
 
     # -- key/value (small host-wide settings, e.g. capacity limits) ------------------------
     def get(self, key: str, default: str | None = None) -> str | None:
@@ -716,6 +717,10 @@ class _Tx:
             self.s._db.execute("ROLLBACK" if exc_type else "COMMIT")
         finally:
             self.s._lock.release()
+
+
+def _phases(rows: Iterable[tuple[Any, ...]]) -> Phases:
+    return Phases({r[0]: NodePhase(Phase(r[1]), r[2], r[3]) for r in rows})
 
 
 def _operation(r: tuple[Any, ...]) -> Operation:

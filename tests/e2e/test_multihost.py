@@ -254,7 +254,7 @@ def phases(lab: Lab) -> dict[str, tuple[str, str]]:
 
     st = Store(lab.home)
     try:
-        return {n: (p, m[:80]) for n, (p, m, _) in st.latest_phases(NAME).items()}
+        return {n: (r.phase.value, r.message[:80]) for n, r in st.latest_phases(NAME).items()}
     finally:
         st.close()
 

@@ -459,6 +459,20 @@ def test_node_phases_and_statuses_are_spelled_only_in_phases() -> None:
     assert _offenders(lambda s: s in words, "state/phases.py", PHASE_WORDS_ELSEWHERE) == []
 
 
+def test_phases_are_read_as_the_enum_not_as_strings() -> None:
+    """The store hands phases back typed (state/phases.py's NodePhase, Phases): no caller
+    turns one into its string to compare it, or reads a record by position."""
+    as_string = re.compile(r"\bPhase\.[A-Z_]+\.value\b|\.get\([^()]*, \(\"\"[^()]*\)\)\[[0-2]\]")
+    found = [
+        f"{rel(p)}:{i}: {line.strip()[:80]}"
+        for p in modules()
+        if rel(p) != "state/phases.py"
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if as_string.search(line) and ("phase" in line.lower() or "Phase." in line)
+    ]
+    assert found == []
+
+
 SLURM_STATES = {
     *("IDLE", "ALLOCATED", "ALLOC", "MIXED", "DOWN", "FUTURE", "UNKNOWN", "ERROR"),  # node base states
     *("DRAIN", "DRAINED", "DRAINING", "FAIL", "NOT_RESPONDING", "MAINTENANCE", "REBOOT_REQUESTED", "DYNAMIC_NORM"),

@@ -33,7 +33,7 @@ from orchestrator.releases import DEFAULT, RELEASES
 from orchestrator.slurm.model import JobInfo
 from orchestrator.spec.model import validate
 from orchestrator.state.health_requests import Records
-from orchestrator.state.phases import Phase
+from orchestrator.state.phases import NodePhase, Phase, Phases
 
 ROOT = Path(__file__).resolve().parents[2]
 SLURM_TEXT = json.loads((ROOT / "tests" / "fixtures" / "slurm-24.11-cli-text.json").read_text())
@@ -297,14 +297,14 @@ def test_logs_cover_nodes_that_recently_existed_or_wait_to_but_not_long_gone_one
 
 def test_nodes_to_collect() -> None:
     now = 10_000.0
-    recorded = {
-        "a": ("Removed", "", now - 3599),  # removed within the hour
-        "b": ("Removed", "", now - 3601),  # long gone
-        "c": ("LaunchFailed", "", now - 86400),  # failing for a day: still wanted
-        "d": ("Running", "", now - 86400),
-    }
+    recorded = Phases(
+        a=NodePhase(Phase.REMOVED, "", now - 3599),  # removed within the hour
+        b=NodePhase(Phase.REMOVED, "", now - 3601),  # long gone
+        c=NodePhase(Phase.LAUNCH_FAILED, "", now - 86400),  # failing for a day: still wanted
+        d=NodePhase(Phase.RUNNING, "", now - 86400),
+    )
     assert nodes_to_collect({"x": None, "b": None}, recorded, now) == ["a", "b", "c", "d", "x"]  # type: ignore[dict-item]
-    assert nodes_to_collect({}, {}, now) == []
+    assert nodes_to_collect({}, Phases(), now) == []
 
 
 def test_logs_of_a_cluster_whose_controller_is_down_or_gone(tmp_path: Path) -> None:

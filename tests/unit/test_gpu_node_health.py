@@ -347,7 +347,7 @@ def test_an_agent_restarted_between_the_reboot_and_the_re_check_replaces(w):
     again.step()
     wait_for(lambda: again.acts.done == [("replace", "gpu-1")], timeout=10)
     wait_for(lambda: not again.busy["gpu-1"].is_alive(), timeout=10)
-    history = [p for p, _, _ in w.env.store.node_history("lab", "gpu-1")]
+    history = [r.phase for r in w.env.store.node_history("lab", "gpu-1")]
     assert history.count("Rebooting") == 1 and history[-2:] == ["Replacing", "Running"]
     again.close()
 

@@ -20,6 +20,7 @@ from orchestrator.health.tools.stress import RC_MARK, YAML_MARK, StressOptions
 from orchestrator.recovery import actions
 from orchestrator.spec.model import validate
 from orchestrator.state.health_requests import Records
+from orchestrator.state.phases import Phase
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures"
 STRESS_OK = (
@@ -106,7 +107,7 @@ def test_healthy_nodes_are_drained_checked_and_resumed(w):
     assert verdicts == {"cpu-1": "Passed", "cpu-2": "Passed", "cpu-3": "Passed"}
     assert ("drain", ("cpu-1", "cpu-2", "cpu-3")) in w.slurm.calls
     assert all(not n.drained for n in w.slurm.nodes())
-    assert {p for p, _, _ in w.env.store.latest_phases("lab").values()} == {"Running"}
+    assert {r.phase for r in w.env.store.latest_phases("lab").values()} == {Phase.RUNNING}
     assert not [c for c in w.provider.containers("lab") if c.role == "check"]  # check containers removed
     res = Records(w.env.store).results(rid)
     assert {(r.node, r.check, r.state) for r in res} >= {
@@ -210,7 +211,7 @@ def test_a_request_whose_worker_died_is_failed_and_hands_its_nodes_back(w):
     w.env.store.set_phase("lab", "cpu-1", "DeepHealthCheckInProgress", rid)
     doc = service.status(w.env, "lab", rid)
     assert doc["Request"]["State"] == "Failed" and "died" in doc["Request"]["Message"]
-    assert not w.slurm.nodes_["cpu-1"].drained and w.env.store.latest_phases("lab")["cpu-1"][0] == "Running"
+    assert not w.slurm.nodes_["cpu-1"].drained and w.env.store.latest_phases("lab").phase("cpu-1") is Phase.RUNNING
 
 
 def test_on_start_checks_of_new_nodes(w):

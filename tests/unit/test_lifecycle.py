@@ -288,7 +288,7 @@ def test_a_failing_script_in_continuous_mode_leaves_the_node_pending_and_the_oth
     entry(w, {"cpu-1": 3})
     create(w.env, lc_spec(w, tmp_path, NodeProvisioningMode="Continuous"), CreateOptions(timeout=5))
     ph = w.env.store.latest_phases("lab")
-    assert ph["cpu-1"][0] == "LaunchFailed" and "LifecycleScriptFailed: exit 3" in ph["cpu-1"][1]
+    assert ph["cpu-1"].phase == "LaunchFailed" and "LifecycleScriptFailed: exit 3" in ph["cpu-1"].message
     assert [c.name for c in w.provider.containers("lab") if c.name == "hp-lab-cpu-1"] == []  # made anew next time
     assert w.provider.node("lab", "cpu-2").state == "running"
 
@@ -306,7 +306,7 @@ def test_a_create_that_fails_while_scripts_run_rolls_back_without_waiting_for_th
     assert time.monotonic() - t0 < 3 and w.provider.containers("lab") == []
     time.sleep(0.2)  # the early starts end once their containers are gone, and record nothing
     ph = w.env.store.latest_phases("lab")
-    assert {ph[n][0] for n in ("login-1", "cpu-1", "cpu-2")} == {"Queued"}
+    assert {ph[n].phase for n in ("login-1", "cpu-1", "cpu-2")} == {"Queued"}
     assert w.env.store.cluster("lab").status == "Failed"
 
 

@@ -327,7 +327,7 @@ def test_nodes_of_a_lost_host_are_replaced_on_the_others_under_their_names(tmp_p
     got = where(w)
     assert all(got[n] in ("h1", "h2") for n in on3)
     ph = w.env.store.latest_phases("lab")
-    assert all(ph[n][0] == "Running" for n in on3)
+    assert all(ph[n].phase == "Running" for n in on3)
     assert all(w.env.store.node_hosts("lab")[n] != "h3" for n in on3)
     evs = [e.description for e in w.env.store.events("lab")]
     assert any(f"Instance {on3[0]} in cluster lab is lost with its host h3" in e for e in evs)
@@ -345,7 +345,7 @@ def test_without_automatic_recovery_lost_nodes_are_marked_and_come_back_with_the
     lose(w, "h3", monkeypatch)
     hw = run_watch(w)
     ph = w.env.store.latest_phases("lab")
-    assert all(ph[n][0] == "Running" and "its host h3 does not answer" in ph[n][1] for n in on3)
+    assert all(ph[n].phase == "Running" and "its host h3 does not answer" in ph[n].message for n in on3)
     rows = {n["SlurmNodeName"]: n for n in nodes(w.env, "lab")["ClusterNodeSummaries"]}
     assert rows[on3[0]]["InstanceStatus"]["Status"] == "Failure" and rows[on3[0]]["Host"] == "h3"
     # the reconciler does not launch them elsewhere: they are not missing
@@ -404,8 +404,8 @@ def test_a_replacement_that_finds_no_capacity_keeps_retrying(tmp_path, monkeypat
     lose(w, "h3", monkeypatch)
     run_watch(w)
     ph = w.env.store.latest_phases("lab")
-    failed = [n for n in on3 if ph[n][0] == "LaunchFailed"]
-    assert failed and all("InsufficientCapacity" in ph[n][1] for n in failed)
+    failed = [n for n in on3 if ph[n].phase == "LaunchFailed"]
+    assert failed and all("InsufficientCapacity" in ph[n].message for n in failed)
     capacity.set_limit(w.env.store, "cpu.nano", None)
     c = Cluster(w.env, "lab")
     rec = GroupReconciler(
@@ -680,7 +680,7 @@ def test_the_reconciler_does_not_launch_a_lost_node_recorded_replacing_during_it
     )
     rec.step({n.name: n for n in w.slurm.nodes()})
     assert not [n for n, h in where(w).items() if n in on3], where(w)  # none launched elsewhere
-    assert {w.env.store.latest_phases("lab")[n][0] for n in on3} == {"Replacing"}  # left to the watcher
+    assert {w.env.store.latest_phases("lab")[n].phase for n in on3} == {"Replacing"}  # left to the watcher
 
 
 # -- a host that does not answer costs a command at most HP_HOST_PING_TIMEOUT ------------------

@@ -41,7 +41,7 @@ def make(w, name="lab", groups=None, wait=True, **top):
 
 
 def phases(w, name):
-    return {n: p for n, (p, _, _) in w.env.store.latest_phases(name).items()}
+    return {n: r.phase for n, r in w.env.store.latest_phases(name).items()}
 
 
 def reconcile(w, name, group, passes=6, clock=None):
@@ -190,7 +190,7 @@ def test_missing_images_are_built_and_no_wait_leaves_the_rest_to_the_agent(tmp_p
 
 
 def history(w, name, node):
-    return [(p, m) for p, m, _ in w.env.store.node_history(name, node)]
+    return [(r.phase, r.message) for r in w.env.store.node_history(name, node)]
 
 
 def test_create_launches_and_waits_through_the_agents_reconciler(tmp_path, monkeypatch):

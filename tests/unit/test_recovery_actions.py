@@ -29,7 +29,7 @@ def w(tmp_path, monkeypatch):
 
 
 def phase(w, node):
-    return w.env.store.latest_phases("lab")[node][0]
+    return w.env.store.latest_phases("lab")[node].phase
 
 
 def test_reboot_restarts_the_container_and_waits_for_slurm(w):
@@ -194,7 +194,7 @@ def test_recover_replaces_when_the_reboot_does_not_bring_the_node_back(w):
     w.provider.on_start.append(only_new)
     assert actions.recover(c, "cpu-1", "slurmd down", wait=0.3)
     assert registered and phase(w, "cpu-1") == "Running"
-    hist = [p for p, _, _ in w.env.store.node_history("lab", "cpu-1")]
+    hist = [r.phase for r in w.env.store.node_history("lab", "cpu-1")]
     assert hist[-3:] == ["Rebooting", "Replacing", "Running"]
 
 

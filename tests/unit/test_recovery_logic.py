@@ -16,7 +16,12 @@ from orchestrator.recovery.rules import (
 )
 from orchestrator.recovery.watcher import RecoveryWatcher
 from orchestrator.slurm.model import SlurmNode
+from orchestrator.state.phases import NodePhase, Phase
 from orchestrator.verdict import Action
+
+
+def rec(phase: str, message: str, time: float) -> NodePhase:
+    return NodePhase(Phase(phase), message, time)
 
 
 def sn(*state: str, reason: str = "") -> SlurmNode:
@@ -110,20 +115,20 @@ def seen(at: float = 100.0) -> Seen:
         (None, True, 0.0, 0.0, 101.0, True),  # never twice at once
         (None, False, 100.5, 0.0, 101.0, True),  # stale: taken before the last action ended
         (None, False, 0.0, 200.0, 101.0, True),  # backing off
-        (("DeepHealthCheckInProgress", "", 50.0), False, 0.0, 0.0, 101.0, True),
-        (("ShuttingDown", "", 50.0), False, 0.0, 0.0, 101.0, True),
-        (("Rebooting", "rebooting: x", 90.0), False, 0.0, 0.0, 101.0, True),  # another process acts
-        (("Replacing", "replacing: x", 90.0), False, 0.0, 0.0, 101.0, True),
-        (("Rebooting", "rebooting: x", 90.0), False, 0.0, 0.0, 1000.0, False),  # a leftover
-        (("Launching", "", 50.0), False, 0.0, 0.0, 101.0, True),  # the reconciler's
-        (("LaunchFailed", "", 50.0), False, 0.0, 0.0, 101.0, True),
-        (("Running", "", 100.5), False, 0.0, 0.0, 101.0, True),  # status changed after the observation
-        (("Running", "", 50.0), False, 0.0, 0.0, 101.0, False),
-        (("Rebooting", "reboot did not bring it back", 50.0), False, 0.0, 0.0, 1000.0, False),
+        (rec("DeepHealthCheckInProgress", "", 50.0), False, 0.0, 0.0, 101.0, True),
+        (rec("ShuttingDown", "", 50.0), False, 0.0, 0.0, 101.0, True),
+        (rec("Rebooting", "rebooting: x", 90.0), False, 0.0, 0.0, 101.0, True),  # another process acts
+        (rec("Replacing", "replacing: x", 90.0), False, 0.0, 0.0, 101.0, True),
+        (rec("Rebooting", "rebooting: x", 90.0), False, 0.0, 0.0, 1000.0, False),  # a leftover
+        (rec("Launching", "", 50.0), False, 0.0, 0.0, 101.0, True),  # the reconciler's
+        (rec("LaunchFailed", "", 50.0), False, 0.0, 0.0, 101.0, True),
+        (rec("Running", "", 100.5), False, 0.0, 0.0, 101.0, True),  # status changed after the observation
+        (rec("Running", "", 50.0), False, 0.0, 0.0, 101.0, False),
+        (rec("Rebooting", "reboot did not bring it back", 50.0), False, 0.0, 0.0, 1000.0, False),
         # this watcher's own reboot failed (left Rebooting at 90, ended at 95): not an owner any more
-        (("Rebooting", "rebooting: x", 90.0), False, 95.0, 0.0, 101.0, False),
-        (("Replacing", "replacing: x", 90.0), False, 95.0, 0.0, 101.0, False),
-        (("Rebooting", "rebooting: x", 96.0), False, 95.0, 0.0, 101.0, True),  # a newer one: someone else's
+        (rec("Rebooting", "rebooting: x", 90.0), False, 95.0, 0.0, 101.0, False),
+        (rec("Replacing", "replacing: x", 90.0), False, 95.0, 0.0, 101.0, False),
+        (rec("Rebooting", "rebooting: x", 96.0), False, 95.0, 0.0, 101.0, True),  # a newer one: someone else's
     ],
 )
 def test_guard(recorded, busy, last_done, retry_at, now, blocked):
@@ -199,10 +204,10 @@ def test_rebooted_for_reads_the_history_since_the_container_was_made():
     from orchestrator.recovery.rules import rebooted_for
 
     mark = "hp:gpu:recover:xid-79"
-    rebooted = [("Queued", "", 1.0), ("Launching", "", 2.0), ("Running", "", 3.0)]
-    rebooted += [("Rebooting", f"rebooting: GPU finding: {mark} XID 79", 4.0), ("Running", "", 5.0)]
+    rebooted = [rec("Queued", "", 1.0), rec("Launching", "", 2.0), rec("Running", "", 3.0)]
+    rebooted += [rec("Rebooting", f"rebooting: GPU finding: {mark} XID 79", 4.0), rec("Running", "", 5.0)]
     assert rebooted_for(rebooted, mark)
     assert not rebooted_for(rebooted, "hp:gpu:recover:remap-pending")  # rebooted for another finding
-    replaced = rebooted + [("Replacing", f"replacing: GPU finding: {mark}", 6.0), ("Running", "", 7.0)]
+    replaced = rebooted + [rec("Replacing", f"replacing: GPU finding: {mark}", 6.0), rec("Running", "", 7.0)]
     assert not rebooted_for(replaced, mark)  # a new container: its reboots are to come
     assert not rebooted_for([], mark)

@@ -9,10 +9,14 @@ from orchestrator.errors import InvalidTransition, OperationFailed
 from orchestrator.slurm.model import SlurmNode, parse_jobs, parse_nodes
 from orchestrator.spec.catalogue import load_catalogue
 from orchestrator.spec.model import DEFAULT_SPEC, validate
-from orchestrator.state.phases import TRANSITIONS, Backoff, History, Phase, allowed, check, visible
+from orchestrator.state.phases import TRANSITIONS, Backoff, History, NodePhase, Phase, Phases, allowed, check, visible
 from orchestrator.state.status import group_views, instance_status, node_views
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures"
+
+
+def rec(phase: str, message: str, time: float) -> NodePhase:
+    return NodePhase(Phase(phase), message, time)
 
 
 def test_parse_real_scontrol_nodes():
@@ -60,12 +64,12 @@ DRAINED = SlurmNode("cpu-a-1", ("IDLE", "DRAIN"), reason="hp:health:hc-1:Instanc
         ("worker", ci(), None, None, True, "Pending"),  # slurmd not registered yet
         ("worker", ci(state="exited", code=137), None, None, True, "Failure"),
         ("worker", ci(), DOWN, None, True, "Failure"),  # Slurm says so
-        ("worker", None, None, ("LaunchFailed", "InsufficientCapacity: ...", 0.0), True, "Pending"),
+        ("worker", None, None, rec("LaunchFailed", "InsufficientCapacity: ...", 0.0), True, "Pending"),
         ("worker", None, None, None, True, "NotFound"),
-        ("worker", ci(), DRAINED, ("DeepHealthCheckInProgress", "req", 0.0), True, "DeepHealthCheckInProgress"),
+        ("worker", ci(), DRAINED, rec("DeepHealthCheckInProgress", "req", 0.0), True, "DeepHealthCheckInProgress"),
         # recorded as checked, but Slurm (read after the record) shows it in service: it is not isolated
-        ("worker", ci(), IDLE, ("DeepHealthCheckInProgress", "req", 0.0), True, "Running"),
-        ("worker", ci(), IDLE, ("ShuttingDown", "scale-down", 0.0), True, "ShuttingDown"),
+        ("worker", ci(), IDLE, rec("DeepHealthCheckInProgress", "req", 0.0), True, "Running"),
+        ("worker", ci(), IDLE, rec("ShuttingDown", "scale-down", 0.0), True, "ShuttingDown"),
         ("worker", ci(state="created"), None, None, True, "Pending"),
         ("login", ci(role="login"), None, None, True, "Running"),
     ],
@@ -84,7 +88,7 @@ def test_status_messages_are_honest():
 def test_group_views_counts_and_status():
     spec = validate(DEFAULT_SPEC, load_catalogue())
     containers = {"cpu-a-1": ci(), "controller-1": ci(role="controller", node="controller-1", group="controller")}
-    recorded = {"cpu-a-2": ("LaunchFailed", "InsufficientCapacity: no", 0.0)}
+    recorded = Phases({"cpu-a-2": rec("LaunchFailed", "InsufficientCapacity: no", 0.0)})
     views = node_views(lambda: spec, containers, {"cpu-a-1": IDLE}, recorded, True)
     assert [(v.node, v.status) for v in views] == [
         ("controller-1", "Running"),
@@ -110,7 +114,7 @@ def test_node_views_read_the_spec_only_for_a_node_without_a_container():
         ("cpu-a-1", "cpu-a", "worker", "Running"),
     ]
     asked = []
-    views = node_views(lambda: asked.append(1) or spec, {}, {}, {"cpu-b-2": ("LaunchFailed", "", 0.0)}, True)
+    views = node_views(lambda: asked.append(1) or spec, {}, {}, Phases({"cpu-b-2": rec("LaunchFailed", "", 0.0)}), True)
     assert [(v.node, v.group, v.itype, v.status) for v in views] == [("cpu-b-2", "cpu-b", "cpu.small", "Pending")]
     assert asked == [1]
 
@@ -138,8 +142,15 @@ def test_the_gate_refuses_an_unknown_phase_and_an_edge_not_in_the_table():
 def test_history_derives_retries_and_backoff():
     b = Backoff(initial=1, maximum=10)
     assert [b.delay(i) for i in range(1, 7)] == [1, 2, 4, 8, 10, 10]
-    h = History([("Queued", "", 0.0), ("LaunchFailed", "x", 10.0), ("Queued", "", 11.0), ("LaunchFailed", "y", 12.0)])
+    h = History(
+        [
+            rec("Queued", "", 0.0),
+            rec("LaunchFailed", "x", 10.0),
+            rec("Queued", "", 11.0),
+            rec("LaunchFailed", "y", 12.0),
+        ]
+    )
     assert h.failures_since_running() == 2 and h.try_number() == 3
     assert not h.retry_due(13.9, b) and h.retry_due(14.0, b) and h.next_retry(b) == 14.0
-    h2 = History(h.rows + [("Launching", "", 15.0), ("Running", "", 16.0), ("Rebooting", "", 20.0)])
+    h2 = History(h.rows + [rec("Launching", "", 15.0), rec("Running", "", 16.0), rec("Rebooting", "", 20.0)])
     assert h2.failures_since_running() == 0 and h2.try_number() == 1 and h2.retry_due(0, b)

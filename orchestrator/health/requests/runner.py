@@ -158,8 +158,7 @@ class Engine:
             self.c.slurm.drain([node], why)
         except OperationFailed as e:
             log.info("%s: not drained (%s)", node, e)
-        phase = self.c.store.latest_phases(self.c.name).get(node, ("",))[0]
-        if phase in (Phase.CHECKING.value, Phase.RUNNING.value):
+        if self.c.store.latest_phases(self.c.name).phase(node) in (Phase.CHECKING, Phase.RUNNING):
             self.c.store.set_phase(self.c.name, node, Phase.RUNNING, why)
 
     # -- checks -------------------------------------------------------------------------
@@ -405,7 +404,7 @@ def hand_back(cluster: Cluster, rid: str, nodes: list[str], on_start: bool) -> N
         held = []
     latest = cluster.store.latest_phases(cluster.name)
     for n in nodes:
-        if latest.get(n, ("",))[0] == Phase.CHECKING.value:
+        if latest.phase(n) is Phase.CHECKING:
             msg = "on-start health check did not run" if on_start else ("" if n in held else "health check ended")
             cluster.store.set_phase(cluster.name, n, Phase.RUNNING, msg)
 

@@ -216,7 +216,7 @@ def cancel(env: Env, name: str) -> str:
     cluster.slurm.resume(mine)
     latest = env.store.latest_phases(name)
     for n in r.nodes:
-        if latest.get(n, ("",))[0] == Phase.CHECKING.value:
+        if latest.phase(n) is Phase.CHECKING:
             env.store.set_phase(name, n, Phase.RUNNING, "")
     rec.set_state(r.id, RequestState.CANCELLED, "cancelled by the user", expect=ACTIVE)  # unless it ended meanwhile
     return r.id
