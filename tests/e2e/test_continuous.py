@@ -30,6 +30,10 @@ def types(hp, tmp_path):
     return f"ta{tag}", f"tb{tag}"
 
 
+def operations(hp, name):
+    return {o["OperationId"]: o for o in hp.json("operations", name)["Operations"]}
+
+
 def groups(hp, name):
     return {g["InstanceGroupName"]: g for g in hp.json("describe", name)["InstanceGroups"]}
 
@@ -166,8 +170,27 @@ def test_concurrent_scaling_one_group_short(hp, tmp_path, types):
     g = wait_until(lambda: (x := groups(hp, name))["a"]["CurrentCount"] == 4 and x, 60, "a reaches 4 while b is short")
     assert g["b"]["CurrentCount"] == 1 and g["b"]["TargetCount"] == 3 and g["b"]["PendingCount"] == 2
     assert g["b"]["ActiveOperations"] and g["b"]["Status"] != "InService"
+    # operations: the same group asked again supersedes its request in progress
+    again = json.loads(hp("scale", name, "b", "3", "--json", check=True).stdout)["OperationId"]
+    ops = operations(hp, name)
+    first_b = next(
+        i for i, o in ops.items() if o["OperationType"] == "Scale" and o["InstanceGroupName"] == "b" and i != again
+    )
+    assert ops[first_b]["Status"] == "Superseded" and ops[first_b]["Message"] == f"superseded by operation {again}"
+    add_a = next(i for i, o in ops.items() if o["OperationType"] == "AddNodes")
+    assert ops[again]["Status"] == "InProgress"
+    wait_until(lambda: operations(hp, name)[add_a]["Status"] == "Done", 30, "a's add-nodes operation done")
     hp("capacity", "set", tb, "--clear", check=True)
     wait_until(lambda: groups(hp, name)["b"]["CurrentCount"] == 3, 60, "b reaches 3")
+    wait_until(lambda: operations(hp, name)[again]["Status"] == "Done", 30, "b's scale operation done")
+    op = hp.json("operations", "describe", name, str(again))["Operation"]
+    assert op["InstanceGroups"] == [
+        {"InstanceGroupName": "b", "CurrentCount": 3, "MinCount": None, "TargetCount": 3, "PreviousCount": 3}
+    ]
+    launched = {e["SlurmNodeName"] for e in op["Events"] if e["SlurmNodeName"]}
+    assert {"b-2", "b-3"} <= launched, op["Events"]  # the agent's own events of the launches, under it
+    assert op["Events"][-1]["Description"].endswith("completed: 3 node(s)")
+    assert {e["OperationId"] for e in hp.json("events", name)["Events"]} >= {first_b, add_a, again}
     # scale down: removes idle nodes, drains first, deletes from Slurm before the container
     hp("scale", name, "a", "1", check=True)
     wait_until(
@@ -181,6 +204,8 @@ def test_concurrent_scaling_one_group_short(hp, tmp_path, types):
         lambda: sorted(c.labels["io.hp.node"] for c in group_containers(name, "b")) == ["b-1", "b-3"], 60, "b-2 removed"
     )
     assert groups(hp, name)["b"]["TargetCount"] == 2
+    [dn] = [o for o in operations(hp, name).values() if o["OperationType"] == "DeleteNodes"]
+    wait_until(lambda: operations(hp, name)[dn["OperationId"]]["Status"] == "Done", 30, "delete-nodes done")
     # bad input changes nothing
     r = hp("scale", name, "nosuch", "--", "-1")
     assert r.returncode == 2 and "no instance group 'nosuch'" in r.stderr and "must be >= 0" in r.stderr
