@@ -107,6 +107,8 @@ def test_agent_killed_between_a_gpu_reboot_and_its_recheck_replaces_the_node(doc
         def replaced() -> Any:
             cont = c.node_containers().get("gpu-1")
             ps = [p for p, _ in phases(store, name, "gpu-1")]
+            upto = ps[: ps.index("Replacing")] if "Replacing" in ps else ps
+            assert upto.count("Rebooting") == 1, f"gpu-1 rebooted again, not replaced: {phases(store, name, 'gpu-1')}"
             back = "Replacing" in ps and ps[-1] == "Running" and ps.index("Replacing") < len(ps) - 1
             return cont is not None and cont.id != first and cont.running and back and ps
 
