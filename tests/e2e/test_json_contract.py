@@ -11,6 +11,8 @@ from typing import Any
 import jsonschema
 from conftest import ROOT, Hp, small_spec, write_spec
 
+from orchestrator.releases import DEFAULT
+
 
 def validate(command: str, stdout: str) -> Any:
     doc = json.loads(stdout)  # the whole of stdout is one JSON document
@@ -36,7 +38,7 @@ def test_json_outputs_validate(hp: Hp, tmp_path: Path) -> None:
     assert len(run(hp, "nodes", "nodes", name)["ClusterNodeSummaries"]) == 4
     run(hp, "events", "events", name)
     assert set(run(hp, "version", "version")) == {"hp", "python"}  # no engine asked
-    assert run(hp, "version", "version", "--images")["slurm"].startswith("24.11")
+    assert run(hp, "version", "version", "--images")["slurm"].startswith(DEFAULT.value)  # the default release's
     run(hp, "images-build", "images", "build")
     run(hp, "images-list", "images", "list")
     run(hp, "images-key", "images", "key")
@@ -46,6 +48,9 @@ def test_json_outputs_validate(hp: Hp, tmp_path: Path) -> None:
     run(hp, "scale", "scale", name, "cpu", "3")
     run(hp, "add-nodes", "add-nodes", name, "cpu", "1")
     run(hp, "delete-nodes", "delete-nodes", name, "cpu-1")
+    ops = run(hp, "operations", "operations", name)["Operations"]
+    assert [o["OperationType"] for o in ops] == ["Reboot", "Replace", "Scale", "AddNodes", "DeleteNodes"]
+    run(hp, "operations", "operations", "describe", name, str(ops[1]["OperationId"]))
     doc = run(
         hp,
         "health-check-start",
@@ -65,4 +70,7 @@ def test_json_outputs_validate(hp: Hp, tmp_path: Path) -> None:
         if st["Request"]["State"] not in ("Pending", "Running") or time.monotonic() > deadline:
             break
         time.sleep(2)
+    check = run(hp, "operations", "operations", name)["Operations"][-1]
+    assert check["OperationType"] == "HealthCheck" and check["Status"] != "InProgress", check
+    run(hp, "operations", "operations", "describe", name, str(check["OperationId"]))
     run(hp, "delete", "delete", name)
