@@ -35,6 +35,7 @@ from typing import IO, Any
 
 from orchestrator.core.context import Env
 from orchestrator.docker.views import (
+    LOCAL_ENGINE,
     Container,
     ContainerDetails,
     ContainerSpec,
@@ -158,7 +159,10 @@ class FakeProvider:
         return self.info_
 
     def engines(self) -> dict[str, Any]:
-        return {"": self}
+        return {LOCAL_ENGINE: self}
+
+    def image_source(self) -> FakeProvider:
+        return self
 
     def unreachable(self, refresh: bool = False) -> dict[str, str]:
         return {}

@@ -61,7 +61,7 @@ def build(
 
     packages, release = spec_inputs(spec_file, slurm)
     e = env()
-    getattr(e.provider, "source", e.provider).ping()  # images live on the local engine
+    e.provider.image_source().ping()
     out = Out(json_out)
     images = e.images(release)
     refs = images.build(
@@ -79,7 +79,7 @@ def build(
 def list_(json_out: bool = JsonOpt) -> None:
     """Show hp's images of every Slurm release, the tag their inputs hash to now, and whether it is built."""
     e = env()
-    getattr(e.provider, "source", e.provider).ping()  # images live on the local engine
+    e.provider.image_source().ping()
     from ..docker.images import MULTIHOST_IMAGES
     from ..releases import SlurmRelease
 

@@ -39,6 +39,7 @@ from ..core.across_hosts import ensure_fileserver, host_problems, placement_prob
 from ..core.context import Cluster, Env
 from ..core.launcher import Launcher
 from ..docker import images as image_sets  # read at each call: a test may narrow a set
+from ..docker.views import LOCAL_ENGINE
 from ..errors import BadInput, HpError, LaunchError, OperationFailed, WaitTimeout
 from ..gpu.thresholds import thresholds_checked
 from ..naming import (
@@ -140,7 +141,11 @@ def capacity_problems(
     the sum over the hosts its groups may use): refused before anything is made."""
     assert env is not None or pool is not None
     catalogue = catalogue if catalogue is not None else env.catalogue  # type: ignore[union-attr]
-    per_host = {"": pool} if pool is not None else capacity.pools(env.provider, env.store, has_gpus(spec, catalogue))[0]  # type: ignore[union-attr]
+    per_host = (
+        {LOCAL_ENGINE: pool}
+        if pool is not None
+        else capacity.pools(env.provider, env.store, has_gpus(spec, catalogue))[0]  # type: ignore[union-attr]
+    )
     wanted: dict[str, tuple[int, set[str]]] = {}
     for g in spec.InstanceGroups:
         n, hosts = wanted.get(g.InstanceType, (0, set()))
@@ -151,7 +156,7 @@ def capacity_problems(
         most = sum(b[0] for b in bounds.values())
         if n <= most:
             continue
-        if list(bounds) == [""]:
+        if list(bounds) == [LOCAL_ENGINE]:
             problems.append(
                 f"InsufficientCapacity: {n} node(s) of {t} are more than this host can ever run: {most} ({bounds[''][1]})"
             )

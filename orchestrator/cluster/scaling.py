@@ -15,6 +15,7 @@ from typing import Any
 from ..core import capacity
 from ..core.context import Cluster, Env
 from ..core.placement import hosts_of
+from ..docker.views import LOCAL_ENGINE
 from ..errors import BadInput
 from ..naming import node_id
 from ..spec.model import SLURM_MAX_NODES
@@ -51,8 +52,8 @@ def bound_problems(c: Cluster, group: str, new_count: int) -> list[str]:
             )
     itype = c.env.catalogue[g.InstanceType]
     pools = capacity.pools(c.p, c.store, itype.gpus > 0)[0]
-    if list(pools) == [""]:
-        ceiling, why = capacity.ceiling(itype, pools[""])
+    if list(pools) == [LOCAL_ENGINE]:
+        ceiling, why = capacity.ceiling(itype, pools[LOCAL_ENGINE])
     else:  # a node fits on one host: the bound is the sum of each host's
         bounds = {h: capacity.ceiling(itype, pools[h]) for h in hosts_of(g, list(pools)) if h in pools}
         ceiling = sum(b[0] for b in bounds.values())

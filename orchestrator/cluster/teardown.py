@@ -10,7 +10,7 @@ from typing import Any
 from .. import waits
 from ..core.context import Env, parallel
 from ..docker.provider import Provider
-from ..docker.views import Network
+from ..docker.views import LOCAL_ENGINE, Network
 from ..errors import EngineError
 from ..naming import L_HOME
 from ..state.home import cluster_folder
@@ -66,7 +66,7 @@ def remove_resources(p: Provider, name: str) -> dict[str, Any]:
     nets = p.networks(name)
     kept = [n.name for n in nets if not remove_network(p, n.id)]
     left = len(kept)
-    if nets and not left and not p.unreachable() and "" not in p.engines():
+    if nets and not left and not p.unreachable() and LOCAL_ENGINE not in p.engines():
         # a swarm overlay leaves every host's list a moment after the manager removed it
         waits.poll(lambda: not p.networks(name), every=0.2, timeout=NETWORK_BUSY_S)
     vols = p.volumes(name)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..docker.provider import Provider
-from ..docker.views import Container
+from ..docker.views import LOCAL_ENGINE, Container
 from ..errors import TRANSIENT, BadInput, InsufficientCapacity
 from ..gpu import inventory
 from ..spec.catalogue import InstanceType
@@ -178,11 +178,11 @@ def wants_gpus(catalogue: Mapping, types: Iterable[str]) -> bool:
 
 def pools(provider: Provider, store: Store, gpus: bool = True) -> tuple[dict[str, Pool], dict[str, str]]:
     """Host -> its pool, for the hosts nodes may be placed on now; and host -> why not, for
-    the others (unreachable, or draining for `hp hosts remove --drain`). One engine: {"": pool}.
+    the others (unreachable, or draining for `hp hosts remove --drain`). One engine: {LOCAL_ENGINE: pool}.
     Without `gpus`, the pools' GPUs are left out (for nodes of CPU types)."""
     engines = provider.engines()
-    if "" in engines:
-        return {"": host_pool(provider, store, gpus)}, {}
+    if LOCAL_ENGINE in engines:
+        return {LOCAL_ENGINE: host_pool(provider, store, gpus)}, {}
     out: dict[str, Pool] = {}
     why = {h: f"unreachable ({w})" for h, w in provider.unreachable().items()}
     for r in store.hosts():
@@ -294,7 +294,7 @@ def report(provider: Provider, store: Store, catalogue: Mapping[str, InstanceTyp
             {"InstanceType": t, "Running": used.per_type.get(t, 0), "Limit": lim.get(t)} for t in sorted(catalogue)
         ],
     }
-    if "" not in per_host:
+    if LOCAL_ENGINE not in per_host:
         hosts = []
         for h in provider.engines():
             u = usage([c for c in containers if c.host == h], catalogue)

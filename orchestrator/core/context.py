@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from ..docker.provider import Provider
-from ..docker.views import Container
+from ..docker.views import LOCAL_ENGINE, Container
 from ..errors import TRANSIENT, BadInput, NotFound
 from ..naming import container_name
 from ..releases import SlurmRelease
@@ -93,7 +93,7 @@ class Env:
     @property
     def multihost(self) -> bool:
         """Hosts are registered: clusters span them (overlay network, shared /home server)."""
-        return "" not in self.provider.engines()
+        return LOCAL_ENGINE not in self.provider.engines()
 
     def node_image_defs(self) -> tuple:
         """The images nodes run: with hosts, the login and worker images that mount /home
@@ -102,9 +102,9 @@ class Env:
 
         return NODE_IMAGES + (MULTIHOST_IMAGES if self.multihost else ())
 
-    def gpus(self, refresh: bool = False, host: str = "") -> HostGpuInfo:
+    def gpus(self, refresh: bool = False, host: str = LOCAL_ENGINE) -> HostGpuInfo:
         """A Docker host's GPUs (gpu/inventory.py: discovery cached in the store, or HP_GPUS):
-        the one engine's, or a registered host's (the first one when `host` is "")."""
+        the one engine's, or a registered host's (the first one when `host` is LOCAL_ENGINE)."""
         from ..gpu import inventory
 
         engines = self.provider.engines()

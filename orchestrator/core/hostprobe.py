@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from ..docker.views import ContainerSpec
+from ..docker.views import LOCAL_ENGINE, ContainerSpec
 from ..errors import EngineError, ObjectMissing
 from ..naming import L_MANAGED, L_ROLE
 
@@ -43,7 +43,7 @@ echo ok
 """
 
 
-def probe_spec(image: str, manager: str | None, host: str = "") -> ContainerSpec:
+def probe_spec(image: str, manager: str | None, host: str = LOCAL_ENGINE) -> ContainerSpec:
     return ContainerSpec(
         host=host,
         name=f"hp-probe-{uuid.uuid4().hex[:8]}",
@@ -69,7 +69,7 @@ def ensure_image(engine: Any, source: Any, ref: str, iid: str, log: Callable[[st
     engine.load_images(source.save_images([ref]))
 
 
-def problems(engine: Any, image: str, manager: str | None, host: str = "") -> list[str]:
+def problems(engine: Any, image: str, manager: str | None, host: str = LOCAL_ENGINE) -> list[str]:
     """What keeps nodes from running on the host of `engine` (a host's engine, or the
     hosts' provider and the `host` to probe; empty: nothing)."""
     try:

@@ -21,7 +21,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from ..docker.views import ContainerSpec
+from ..docker.views import LOCAL_ENGINE, ContainerSpec
 from ..errors import EngineError, EngineUnavailable, InsufficientCapacity, LaunchError, OperationFailed
 from ..gpu import gresconf
 from ..gpu.gres import GresError, slurmd_conf_gres
@@ -89,7 +89,9 @@ class Launcher:
     def gres_pending(self, value: bool) -> None:
         self.c.store.put(f"gres.pending:{self.c.name}", "1" if value else None)
 
-    def gpu_setup(self, gpus: list[str], host: str = "") -> tuple[GpuWiring | None, dict[str, str], str | None]:
+    def gpu_setup(
+        self, gpus: list[str], host: str = LOCAL_ENGINE
+    ) -> tuple[GpuWiring | None, dict[str, str], str | None]:
         """(wiring, labels, Gres= word) of a node given these GPUs of the host.
         Raises GpuWiringError / GresError when they cannot be given."""
         info = self.c.env.gpus(host=host)
@@ -109,7 +111,7 @@ class Launcher:
         index: int,
         gpus: list[str] | None = None,
         drain_reason: str | None = None,
-        host: str = "",
+        host: str = LOCAL_ENGINE,
     ) -> ContainerSpec:
         c = self.c
         role = ROLE_BY_NODE_TYPE[group.node_type]
@@ -260,7 +262,7 @@ class Launcher:
         gpus: list[str] | None,
         files: FileMap | None,
         drain_reason: str | None,
-        host: str = "",
+        host: str = LOCAL_ENGINE,
     ) -> str | LaunchError:
         c = self.c
         try:

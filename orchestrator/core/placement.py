@@ -9,7 +9,7 @@ strategy (`Placement: {Hosts: [...], Strategy: spread|pack}`):
 
 Defaults: the controller and login groups pack (the controller on the first host, the
 login node with it: users and the /home file server are there), compute groups spread
-over every host. With one engine there is one host, "", and placement only checks
+over every host. With one engine there is one host, LOCAL_ENGINE, and placement only checks
 capacity, with the messages of one host.
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ..docker.views import Container
+from ..docker.views import LOCAL_ENGINE, Container
 from ..errors import InsufficientCapacity
 from ..naming import L_CLUSTER
 from ..spec.catalogue import InstanceType
@@ -91,7 +91,7 @@ def place(
         else:
             fits[h] = gpus
     if not fits:
-        if allowed == [""]:
+        if allowed == [LOCAL_ENGINE]:
             raise InsufficientCapacity(f"no capacity for instance type {itype.name}: {why['']}")
         raise InsufficientCapacity(
             f"no capacity for instance type {itype.name} on any host: " + " | ".join(f"{h}: {why[h]}" for h in allowed)

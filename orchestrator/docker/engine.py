@@ -29,6 +29,7 @@ from ..naming import L_CLUSTER, L_MANAGED, L_ROLE, LABEL_PREFIX
 from . import wire
 from .provider import FileMap, Log
 from .views import (
+    LOCAL_ENGINE,
     Container,
     ContainerDetails,
     ContainerSpec,
@@ -182,7 +183,7 @@ class DockerEngine:
         self,
         base_url: str | None = None,
         pool_size: int = 64,
-        name: str = "",
+        name: str = LOCAL_ENGINE,
         *,
         timeout: float | None = None,
         cpus: int | None = None,
@@ -295,7 +296,10 @@ class DockerEngine:
 
     # -- the multi-host provider's part: engines, swarm ------------------------------
     def engines(self) -> dict[str, Any]:
-        return {"": self}
+        return {LOCAL_ENGINE: self}
+
+    def image_source(self) -> DockerEngine:
+        return self
 
     def unreachable(self, refresh: bool = False) -> dict[str, str]:
         return {}

@@ -110,6 +110,9 @@ class MultiHostProvider:
         self._image_locks: dict[str, threading.Lock] = {h: threading.Lock() for h in engines}
 
     # -- hosts ------------------------------------------------------------------------
+    def image_source(self) -> Any:
+        return self.source
+
     def engines(self) -> dict[str, Any]:
         return dict(self._engines)
 

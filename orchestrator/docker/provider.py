@@ -49,10 +49,14 @@ class Provider(Protocol):
     def info(self) -> EngineInfo:
         """The engine's host: CPUs, memory, architecture, runtimes, swarm role."""
 
-    # -- hosts (one engine: {"": self}, nothing unreachable, images already here) --------
+    # -- hosts (one engine: {LOCAL_ENGINE: self}, nothing unreachable, images already here)
     def engines(self) -> dict[str, Provider]:
-        """The engines behind this provider by host name, in the hosts' order: {"": self}
-        for one engine. Capacity and placement are decided per engine."""
+        """The engines behind this provider by host name, in the hosts' order:
+        {LOCAL_ENGINE: self} for one engine. Capacity and placement are decided per engine."""
+
+    def image_source(self) -> Provider:
+        """The engine hp builds and keeps its images on: itself for one engine, the local
+        engine for registered hosts (which get the images from it, `prepare_images`)."""
 
     def unreachable(self, refresh: bool = False) -> dict[str, str]:
         """Hosts whose engine did not answer the last look (host -> why); {} for one

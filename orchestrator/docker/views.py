@@ -12,6 +12,11 @@ from typing import Any, Protocol
 
 from ..naming import L_GPUS, L_GROUP, L_INDEX, L_ITYPE, L_NODE, L_ROLE, NODE_ROLES
 
+LOCAL_ENGINE = ""
+"""The host name of the one engine a provider of a single engine has (the local engine, or
+DOCKER_HOST): its `engines()` are {LOCAL_ENGINE: itself}, its containers' `host`. Registered
+hosts have names of their own (hp hosts add), never this one."""
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -61,7 +66,7 @@ class Container(_Labelled):
     created: str  # ISO 8601
     image: str
     ip: str | None
-    host: str = ""  # the engine (host) it lives on; "" for the single local engine
+    host: str = LOCAL_ENGINE  # the engine (host) it lives on
 
     @property
     def group(self) -> str:
@@ -128,7 +133,7 @@ class ContainerDetails:
     labels: dict[str, str]
     state: ContainerState
     limits: Limits
-    host: str = ""
+    host: str = LOCAL_ENGINE
     # network name -> the container's IPv4 address on it (a cluster's services are reached
     # there, never through a port published on the host)
     addresses: dict[str, str] = field(default_factory=dict)
@@ -140,14 +145,14 @@ class Network:
     name: str
     labels: dict[str, str]
     driver: str = "bridge"
-    host: str = ""
+    host: str = LOCAL_ENGINE
 
 
 @dataclass(frozen=True)
 class Volume:
     name: str
     labels: dict[str, str]
-    host: str = ""
+    host: str = LOCAL_ENGINE
 
 
 @dataclass(frozen=True)
@@ -159,7 +164,7 @@ class Event(_Labelled):
     labels: dict[str, str]
     time: float
     exit_code: int | None = None
-    host: str = ""
+    host: str = LOCAL_ENGINE
 
 
 @dataclass(frozen=True)
@@ -238,10 +243,10 @@ class ContainerSpec:
     devices: list[str] = field(default_factory=list)  # "src:dst:rwm"
     security_opt: list[str] = field(default_factory=list)
     init: bool = True
-    # Multi-host: the registered host to create it on ("" = the only engine, or, for a
+    # Multi-host: the registered host to create it on (LOCAL_ENGINE: the only one; for a
     # check container, its node's host), and labels for the named volumes of `volumes`
     # that the engine must create on that host when missing.
-    host: str = ""
+    host: str = LOCAL_ENGINE
     volume_labels: dict[str, dict[str, str]] = field(default_factory=dict)
     restart_policy: str | None = None  # Docker's: "unless-stopped", "on-failure"...; None: never
 

@@ -20,7 +20,7 @@ from orchestrator.core.context import Cluster
 from orchestrator.core.launcher import Launcher
 from orchestrator.docker import multihost as mh
 from orchestrator.docker.multihost import HostUnavailable, MultiHostProvider
-from orchestrator.docker.views import ContainerSpec, Event, ExecResult
+from orchestrator.docker.views import LOCAL_ENGINE, ContainerSpec, Event, ExecResult
 from orchestrator.errors import (
     BadInput,
     EngineError,
@@ -868,3 +868,17 @@ def test_node_packages_with_hosts_derive_the_home_mounting_image_and_send_it_to_
     assert worker.image.startswith("hp-node-mh-pkgs:") and login.image == worker.image
     assert w.node("lab", "controller-1").spec.image == w.env.images(DEFAULT).refs()["controller"]
     assert all(e.images.get(worker.image) for e in w.hosts.values())
+
+
+def test_the_local_engine_has_a_name_and_images_come_from_the_providers_image_source(tmp_path):
+    one = FakeProvider(4, 8192)
+    assert list(one.engines()) == [LOCAL_ENGINE] and one.image_source() is one
+    assert not world(tmp_path / "one").env.multihost
+    w = multi_world(tmp_path)
+    assert LOCAL_ENGINE not in w.provider.engines() and w.env.multihost
+    assert w.provider.image_source() is w.source  # built and kept on the local engine, streamed to hosts
+    for h in w.hosts.values():
+        h.up = False
+    w.provider.image_source().ping()  # the hosts' engines are not asked
+    with pytest.raises(EngineUnavailable):
+        w.provider.ping()

@@ -7,7 +7,7 @@ import secrets
 from dataclasses import dataclass
 
 from ...core.context import Cluster
-from ...docker.views import Container, ContainerSpec, ExecResult, Limits
+from ...docker.views import LOCAL_ENGINE, Container, ContainerSpec, ExecResult, Limits
 from ...gpu.wiring import GpuWiring
 from ...naming import L_REQUEST, L_ROLE, labels
 
@@ -17,7 +17,7 @@ class Sidecar:
     node: str
     cid: str
     limits: Limits
-    host: str = ""  # the registered host it (and its node) runs on; "" on one engine
+    host: str = LOCAL_ENGINE  # the registered host it (and its node) runs on
 
 
 def start(cluster: Cluster, node: Container, image: str, req: str, gpus: GpuWiring | None = None) -> Sidecar:
