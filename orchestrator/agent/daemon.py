@@ -36,7 +36,6 @@ from typing import Any
 from .. import assembly
 from ..cluster.create import has_gpus
 from ..cluster.reconciler import RESYNC, GroupReconciler
-from ..cluster.upgrade import KIND as UPGRADE
 from ..cluster.upgrade import Upgrading
 from ..core.agents import DEAD_STATUSES
 from ..core.context import Cluster, Env
@@ -163,8 +162,6 @@ class Agent:
             return [r for n, r in latest.items() if group_prefix(n) == g.InstanceGroupName.lower()]
 
         for op in ops:
-            if op["kind"] == UPGRADE:  # the upgrade's controller ends its own (cluster/upgrade.py)
-                continue
             if not op.kind.changes_count:  # health checks, recovery by hand, upgrades: their own code ends them
                 continue
             g = cluster.spec.group(op.group)
