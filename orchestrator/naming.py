@@ -21,6 +21,7 @@ L_REQUEST = f"{LABEL_PREFIX}.health-request"  # a check container's health-check
 L_HOST = f"{LABEL_PREFIX}.host"  # the registered host a container was placed on (multi-host only)
 L_HOME = f"{LABEL_PREFIX}.home"  # on a cluster's network: the hp state folder (HP_HOME) that made it
 L_WATCHES = f"{LABEL_PREFIX}.watches"  # the node container a GPU monitor watches
+L_SLURM_RELEASE = f"{LABEL_PREFIX}.slurm-release"  # a node image's Slurm release (images/node/Dockerfile)
 
 # the default user of every cluster (`hp exec` runs as it; its home is on the shared /home)
 DEFAULT_USER = "hpuser"

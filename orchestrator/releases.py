@@ -34,6 +34,9 @@ class Release(NamedTuple):  # a NamedTuple: the CLI imports this module, and no 
     # serve its Release files past their Valid-Until (a suite in development), which apt refuses
     apt_conf: str
     rest_api: str  # slurmrestd's newest data_parser/openapi version (the `hp api` example)
+    # slurmctld answers HTTP GET /readyz on its own port (25.11 and later): the agent's
+    # controller ping uses it where it reaches the controller's address (slurm/client.py)
+    readyz: bool = False
 
     @property
     def local_base(self) -> str:
@@ -55,6 +58,7 @@ RELEASES: dict[SlurmRelease, Release] = {
             ("debian", "forky-slim"),
             'Acquire::Check-Valid-Until "false";\n',
             "v0.0.45",
+            readyz=True,
         ),
     )
 }

@@ -16,6 +16,7 @@ from fakes import FakeContainer, FakeProvider
 
 from orchestrator.docker.views import ContainerSpec, ExecResult
 from orchestrator.errors import OperationFailed
+from orchestrator.naming import L_SLURM_RELEASE
 from orchestrator.slurm.client import Slurm, SlurmCli
 from orchestrator.slurm.model import JobInfo
 
@@ -419,3 +420,112 @@ def test_orphan_jobs_are_running_jobs_without_their_batch_host() -> None:
     assert ["scontrol", "update", "jobid=13", "StartTime=now+1"] in [cmd for _, cmd, _ in p.execs]
     assert not [cmd for _, cmd, _ in p.execs if cmd[:2] == ["scontrol", "update"] and cmd[2] != "jobid=13"]
     assert s.release_requeued({17}) == [13, 17]  # 17: its srun --auto-resume grew it back, then requeued it
+
+
+# -- the controller's ping over slurmctld's HTTP /readyz (Slurm 25.11+) -------------------
+class Readyz:
+    """A local HTTP server standing in for slurmctld's port: answers GET /readyz with
+    `status` (0: accepts the connection and never answers)."""
+
+    def __init__(self, status: int):
+        import http.server
+        import threading
+
+        paths: list[str] = []
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                paths.append(self.path)
+                if status == 0:
+                    time.sleep(1)
+                    return
+                self.send_response(status)
+                self.send_header("Connection", "close")
+                self.end_headers()
+
+            def log_message(self, *a: Any) -> None:
+                pass
+
+        self.paths = paths
+        self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.port = self.srv.server_address[1]
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.srv.shutdown()
+        self.srv.server_close()
+
+
+def controller(release: str, handler: Handler, host: str = "") -> tuple[SlurmCli, Provider]:
+    p = Provider()
+    p.name = host
+    p.images["hp-controller:1"] = "sha256:1"
+    cid = p.create_container(
+        ContainerSpec(name=CTL, image="hp-controller:1", labels={L_SLURM_RELEASE: release}, network="hp-lab")
+    )
+    p.start(cid)
+    p.containers_[cid].address = "127.0.0.1"  # type: ignore[attr-defined]
+    p.exec_handler = handler
+    return SlurmCli(p, CTL), p
+
+
+PING_UP = answers({"scontrol ping": (0, "Slurmctld(primary) at controller-1 is UP\n")})
+PING_DOWN = answers({"scontrol ping": (1, "Slurmctld(primary) at controller-1 is DOWN\n")})
+
+
+@pytest.fixture
+def readyz(monkeypatch: pytest.MonkeyPatch) -> Callable[[int], Readyz]:
+    import orchestrator.slurm.client as client
+
+    servers: list[Readyz] = []
+
+    def make(status: int) -> Readyz:
+        r = Readyz(status)
+        monkeypatch.setattr(client, "SLURMCTLD_PORT", r.port)
+        monkeypatch.setattr(client, "READYZ_TIMEOUT_S", 0.3)
+        servers.append(r)
+        return r
+
+    yield make  # type: ignore[misc]
+    for r in servers:
+        r.close()
+
+
+def test_ping_of_a_26_05_controller_is_get_readyz_with_no_exec(readyz: Callable[[int], Readyz]) -> None:
+    r = readyz(204)
+    s, p = controller("26.05", PING_DOWN)  # the exec would say down: not asked
+    assert s.ping() and s.ping()
+    assert r.paths == ["/readyz", "/readyz"] and p.execs == []
+
+
+def test_a_readyz_that_is_not_ready_or_not_listening_lets_scontrol_ping_decide(
+    readyz: Callable[[int], Readyz],
+) -> None:
+    r = readyz(500)  # slurmctld listening, not yet servicing RPCs
+    s, p = controller("26.05", PING_DOWN)
+    assert s.ping() is False
+    assert r.paths == ["/readyz"] and [cmd for _, cmd, _ in p.execs] == [["scontrol", "ping"]]
+    r.close()  # nothing listens: refused, as while slurmctld starts
+    p.exec_handler = PING_UP
+    assert s.ping() is True  # the exec says up: trusted
+    r2 = readyz(204)
+    assert s.ping() is True and r2.paths == ["/readyz"]  # a refused GET did not turn HTTP off
+    assert len(p.execs) == 2
+
+
+def test_an_address_that_does_not_answer_from_here_turns_http_off_once_the_exec_finds_slurmctld_up(
+    readyz: Callable[[int], Readyz],
+) -> None:
+    r = readyz(0)  # accepts, never answers (an engine whose addresses are not routed here)
+    s, p = controller("26.05", PING_UP)
+    assert s.ping() is True and len(r.paths) == 1
+    assert s.ping() is True and len(r.paths) == 1  # exec only from then on
+    assert len(p.execs) == 2
+
+
+@pytest.mark.parametrize("release, host", [("24.11", ""), ("26.05", "h1")])
+def test_ping_execs_for_24_11_and_on_registered_hosts(readyz: Callable[[int], Readyz], release: str, host: str) -> None:
+    r = readyz(204)
+    s, p = controller(release, PING_UP, host=host)
+    assert s.ping() is True
+    assert r.paths == [] and [cmd for _, cmd, _ in p.execs] == [["scontrol", "ping"]]
