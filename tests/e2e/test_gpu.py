@@ -66,6 +66,7 @@ def test_slurm_side_of_a_gpu_node_with_a_stand_in_device(docker_ok, tmp_path, mo
     (written after slurmctld started, at create, and rewritten at scale-up), the
     reconfigure before each GPU node's slurmd starts, and Slurm's CUDA_VISIBLE_DEVICES."""
     from fakes import FakeAgents
+    from gpu_standin import stand_in_gpus
 
     from orchestrator.cluster.create import CreateOptions, create
     from orchestrator.cluster.teardown import remove_resources
@@ -73,35 +74,13 @@ def test_slurm_side_of_a_gpu_node_with_a_stand_in_device(docker_ok, tmp_path, mo
     from orchestrator.core.launcher import Launcher
     from orchestrator.docker import images as images_mod
     from orchestrator.docker.engine import DockerEngine
-    from orchestrator.gpu import gresconf, inventory
-    from orchestrator.gpu.discovery import GpuRecord
-    from orchestrator.gpu.wiring import GpuWiring
+    from orchestrator.gpu import gresconf
     from orchestrator.slurm.client import SlurmCli
     from orchestrator.slurm.model import parse_nodes
     from orchestrator.spec.model import validate
     from orchestrator.state.store import Store
 
-    stand_in = {"GPU-standin-0": "/dev/null", "GPU-standin-1": "/dev/zero"}
-
-    class StandIn(inventory.HostGpuInfo):
-        def wiring(self, ids):
-            k = [list(stand_in).index(i) for i in ids]
-            return GpuWiring(
-                "devices",
-                tuple(ids),
-                devices=tuple(f"{stand_in[i]}:/dev/nvidia{j}:rwm" for i, j in zip(ids, k, strict=True)),
-                device_files=tuple(f"/dev/nvidia{j}" for j in k),
-            )
-
-    info = StandIn(
-        engine="",
-        source="discovery",
-        gpus=tuple(GpuRecord(i, u, "stand-in H200", "h200", minor_number=i) for i, u in enumerate(stand_in)),
-        mode="devices",
-        host_cpus=2,
-        host_memory_mib=4096,
-    )
-    monkeypatch.setattr(inventory, "discover", lambda *a, **k: info)
+    stand_in_gpus(monkeypatch.setattr)  # tests/gpu_standin.py: /dev/null and /dev/zero as two h200s
     monkeypatch.setattr(images_mod, "GPU_IMAGES", ())  # no GPU check image: nothing here runs CUDA
     types = tmp_path / "types.yaml"
     types.write_text("gi.gpu: {VCpus: 1, CpuLimit: 0.1, MemoryMiB: 256, Gpus: 1, GpuModel: h200}\n")

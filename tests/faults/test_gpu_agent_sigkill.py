@@ -2,7 +2,7 @@
 next agent replaces the node (a new container under the same name), never reboots it again.
 
 Real: the agent process (`python -m orchestrator.agent NAME`, started by the test through
-tests/faults/gpu_standin.py), its GPU watch, Docker, Slurm, hp's monitor program in its own
+tests/gpu_standin.py), its GPU watch, Docker, Slurm, hp's monitor program in its own
 container, the drain, the reboot, the SIGKILL and the replace. Standing in for the hardware
 this host lacks (gpu_standin.py): the GPUs (/dev/null and /dev/zero as /dev/nvidia0 and 1) and
 NVML, which reports a row remapping pending on the node's GPU after every reboot (a
@@ -72,7 +72,7 @@ def test_agent_killed_between_a_gpu_reboot_and_its_recheck_replaces_the_node(doc
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as out:
             a = subprocess.Popen(
-                [sys.executable, str(ROOT / "tests" / "faults" / "gpu_standin.py"), name, image],
+                [sys.executable, str(ROOT / "tests" / "gpu_standin.py"), name, image],
                 env=agent_env,
                 cwd=ROOT,
                 stdin=subprocess.DEVNULL,

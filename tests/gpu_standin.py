@@ -10,7 +10,7 @@ What stands in, and only that (everything else is hp's own code, Docker and Slur
   hp's worker image with the real healthchecks/gpu programs and a stand-in nvidia-ml-py
   (tests/unit/gpu_fakes.py's FakeNvml, with a row remapping pending for good).
 
-`python tests/faults/gpu_standin.py NAME IMAGE` is `python -m orchestrator.agent NAME` with
+`python tests/gpu_standin.py NAME IMAGE` is `python -m orchestrator.agent NAME` with
 these stand-ins: the agent the test SIGKILLs and starts again (HP_HOME, HP_INSTANCE_TYPES and
 HP_GPU_MONITOR_INTERVAL from its environment).
 """
@@ -25,16 +25,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 IMAGE_DIR = ROOT / "tests" / "fixtures" / "gpu-monitor-image"
 STAND_IN = {"GPU-standin-0": "/dev/null", "GPU-standin-1": "/dev/zero"}
 TYPES = "hi.gpu: {VCpus: 1, CpuLimit: 0.1, MemoryMiB: 256, Gpus: 1, GpuModel: h200}\n"
 
 
-def apply(setattr_: Callable[[Any, str, Any], None], image: str) -> None:
-    """Discovery answers the stand-in GPUs; the check-gpu image is `image`. `setattr_`:
-    pytest's monkeypatch.setattr in the test, setattr in the agent."""
-    from orchestrator.docker.images import Images
+def stand_in_gpus(setattr_: Callable[[Any, str, Any], None]) -> None:
+    """Discovery answers the stand-in GPUs, wired in mode `devices` (also tests/e2e/test_gpu.py).
+    `setattr_`: pytest's monkeypatch.setattr in a test, setattr in the agent."""
     from orchestrator.gpu import inventory
     from orchestrator.gpu.discovery import GpuRecord
     from orchestrator.gpu.wiring import GpuWiring
@@ -58,6 +57,13 @@ def apply(setattr_: Callable[[Any, str, Any], None], image: str) -> None:
         host_memory_mib=4096,
     )
     setattr_(inventory, "discover", lambda *a, **k: info)
+
+
+def apply(setattr_: Callable[[Any, str, Any], None], image: str) -> None:
+    """The stand-in GPUs (stand_in_gpus); the check-gpu image is `image`."""
+    from orchestrator.docker.images import Images
+
+    stand_in_gpus(setattr_)
     tag = Images.tag
 
     def tag_or_stand_in(self, d, base_id=None):  # type: ignore[no-untyped-def]
