@@ -74,7 +74,10 @@ def observe(hp: Hp, name: str) -> Seen:
         return Seen(problems + [f"scontrol: {e.explanation}"], {})
     if code != 0:
         return Seen(problems + [f"scontrol: {out.decode()[:200]}"], {})
-    snodes = {n["name"]: n for n in json.loads(out.decode()).get("nodes", [])}
+    try:
+        snodes = {n["name"]: n for n in json.loads(out.decode()).get("nodes", [])}
+    except ValueError:  # docker-py lost the output's start (docker/docker-py#2042; hp's wire.py does not): look again
+        return Seen(problems + [f"scontrol's JSON came back cut: {out[:80]!r}"], {})
     if set(snodes) != set(workers):
         problems.append(f"Slurm has {sorted(snodes)}, Docker has {sorted(workers)}")
     for n, sn in snodes.items():
