@@ -53,7 +53,11 @@ def describe(
 
 def package_version(cluster: Cluster) -> str | None:
     """Debian's exact Slurm package version (`26.05.5-1`) in the image the controller runs;
-    None without a controller container or when the engine does not answer."""
+    None without a controller container, when the engine does not answer, or while a
+    registered host does not (a second listing over the hosts would wait on it again, for a
+    fact that does not change: `hp describe` stays within its bound with a host down)."""
+    if cluster.p.unreachable():
+        return None
     ctl = cluster.controller_of(cluster.node_containers())
     try:
         return cluster.env.slurm_version(ctl.image) if ctl is not None else None

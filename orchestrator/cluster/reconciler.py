@@ -411,7 +411,9 @@ class Launch:
         for n, r in self.rec_of.items():
             h = r.rec.history(n)
             if h.phase is Phase.LAUNCH_FAILED:
-                r.rec.set(r.group, n, Phase.QUEUED, f"being launched again (try {h.try_number()})")
+                # why it is launched again stays in its status (a Pending node names its shortage)
+                last = h.message.split(" (retry ")[0]
+                r.rec.set(r.group, n, Phase.QUEUED, f"being launched again (try {h.try_number()}) after {last}")
             elif h.phase is not Phase.QUEUED:
                 r.rec.set(r.group, n, Phase.QUEUED, "waiting for capacity")
         pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="hp-start")

@@ -332,7 +332,7 @@ def test_continuous_create_waits_for_login_nodes_and_leaves_retries_to_the_agent
     # the agent's retry says which try it is, not that the node waits for capacity
     reconcile(w, "lab", "cpu", passes=1, clock=lambda: now[0] + 60)
     assert history(w, "lab", "cpu-2")[-2:] == [
-        ("Queued", "being launched again (try 2)"),
+        ("Queued", "being launched again (try 2) after ContainerStartFailed: device busy"),
         ("LaunchFailed", "ContainerStartFailed: device busy (retry 2, next in 2 s)"),
     ]
 
