@@ -120,7 +120,7 @@ def test_container_exiting_at_start_is_retried_until_fixed(hp, tmp_path, types):
     bad = f"hp-test-broken:{uuid.uuid4().hex[:8]}"
     # a real fault: the group's image runs a command that fails at start
     dockerfile = f'FROM {worker}\nENTRYPOINT ["sh", "-c", "echo slurmd cannot start >&2; exit 3"]\n'
-    for _ in p.api.build(fileobj=io.BytesIO(dockerfile.encode()), tag=bad, rm=True):
+    for _ in p.api.build(fileobj=io.BytesIO(dockerfile.encode()), tag=bad, rm=True, forcerm=True):
         pass
     assert p.image_id(bad) is not None
     try:
