@@ -70,6 +70,11 @@ def reason(to: str) -> str:
     return f"{REASON_PREFIX} upgrading to Slurm {to}"
 
 
+def why(to: str) -> str:
+    """Why a node is replaced by the upgrade (its status and events say it)."""
+    return f"upgrade to Slurm {to}"
+
+
 def ordinal(release: str) -> int:
     """A release's place in Slurm's six-monthly series (24.11 -> 49, 25.05 -> 50)."""
     year, month = release.split(".")
@@ -209,6 +214,20 @@ class Upgrading(Controller):
         if self._phase(cluster.controller_node) == Phase.REPLACING:  # made by an agent killed before it answered
             self._controller_up(cluster, op, ctl.id, to, time.monotonic())
             return Result(0.0)
+        # a node whose replacement began (its container removed) in an agent killed before the
+        # new one was made: launched on the new release now, not left Pending with no container
+        latest = cluster.store.latest_phases(self.name)
+        cut = sorted(
+            n
+            for n, rec in latest.items()
+            if n not in nodes
+            and n != cluster.controller_node
+            and rec.phase is Phase.REPLACING
+            and rec.message == actions.replacing(why(to))
+        )
+        if cut:
+            self._replace(cluster, op, cut, refs, to, {})
+            return Result(0.0)
         login = sorted(n for n, c in nodes.items() if c.role == "login" and release_of(c.image) != to)
         if login:
             self._replace(cluster, op, login, refs, to, {})
@@ -347,7 +366,7 @@ class Upgrading(Controller):
         self, cluster: Cluster, op: Operation, nodes: list[str], refs: dict[str, str], to: str, _: dict[str, str]
     ) -> None:
         def one(n: str) -> bool:
-            ok = actions.replace(cluster, n, f"upgrade to Slurm {to}", NODE_UP_S, images=refs)
+            ok = actions.replace(cluster, n, why(to), NODE_UP_S, images=refs)
             if not ok:
                 self._tried(cluster, op, n, f"its replacement on Slurm {to} did not come up")
             return ok

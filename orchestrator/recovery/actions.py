@@ -133,6 +133,11 @@ def reboot(cluster: Cluster, node: str, reason: str, wait: float = 60.0, keep_dr
     return ok
 
 
+def replacing(reason: str) -> str:
+    """The status message of a node `replace` is replacing for `reason`."""
+    return f"replacing: {reason}"
+
+
 def replace(
     cluster: Cluster,
     node: str,
@@ -152,7 +157,7 @@ def replace(
         )
     store, name = cluster.store, cluster.name
     group = cluster.group_of(t.group)
-    store.set_phase(name, node, Phase.REPLACING, f"replacing: {reason}")
+    store.set_phase(name, node, Phase.REPLACING, replacing(reason))
     _event(cluster, t, "Info", f"is being replaced: {reason}")
     t0 = time.monotonic()
     try:

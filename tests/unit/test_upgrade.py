@@ -14,9 +14,11 @@ from orchestrator.cluster import upgrade
 from orchestrator.cluster.create import CreateOptions, create
 from orchestrator.cluster.upgrade import Upgrading, jump_problem, release_of
 from orchestrator.errors import BadInput
+from orchestrator.recovery import actions
 from orchestrator.releases import RELEASES, SlurmRelease
 from orchestrator.spec.model import validate
 from orchestrator.state.operations import OperationKind, OperationStatus
+from orchestrator.state.phases import Phase
 from tests.fakes import force_status
 
 OLD, NEW = SlurmRelease.V24_11, SlurmRelease.V26_05
@@ -125,6 +127,24 @@ def test_the_agent_upgrades_in_slurms_order_and_resumes(tmp_path) -> None:
     ]
     assert order == sorted(order), texts
     assert not any(n.drained for n in w.slurm.nodes_.values())
+
+
+def test_a_node_whose_container_an_agent_killed_mid_replace_had_removed_is_made_on_the_new_release(tmp_path) -> None:
+    """The CI run of 2026-12-07: the agent SIGKILLed between login-1's removal and its new
+    container; the next agent's upgrade saw no login container, finished, and left login-1
+    Pending ('replacing: ...') with no container."""
+    w = world(tmp_path)
+    lab(w)
+    upgrade.start(w.env, "lab", "26.05", batch_size=2)
+    ctrl = Upgrading(w.env, "lab")
+    ctrl.reconcile("")  # the controller
+    login = w.provider.node("lab", "login-1")
+    w.env.store.set_phase("lab", "login-1", Phase.REPLACING, actions.replacing(upgrade.why("26.05")))
+    w.provider.remove_container(login.id)  # ...and the agent died here
+    drive(w, Upgrading(w.env, "lab"))
+    new = w.provider.node("lab", "login-1")
+    assert new is not None and new.state == "running" and release_of(new.spec.image) == "26.05"
+    assert w.env.store.latest_phases("lab").phase("login-1") is Phase.RUNNING
 
 
 def test_cli_json(tmp_path, monkeypatch) -> None:
