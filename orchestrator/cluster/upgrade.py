@@ -88,6 +88,12 @@ def release_of(image: str) -> str | None:
     return head if head in SlurmRelease._value2member_map_ else None
 
 
+def upgraded(c: Container, to: str) -> bool:
+    """A node is on release `to` when its container runs that release's image: one that
+    exited (a replacement that did not come up) is not, and is tried again."""
+    return release_of(c.image) == to and not c.dead
+
+
 def params(env: Env, op: Operation) -> dict[str, Any]:
     return json.loads(env.store.get(f"upgrade:{op.id}") or "{}")
 
@@ -178,7 +184,7 @@ def progress(env: Env, name: str) -> dict[str, Any]:
     for c in cluster.node_containers().values():
         g = groups.setdefault(c.group, {"Nodes": 0, "Upgraded": 0})
         g["Nodes"] += 1
-        g["Upgraded"] += release_of(c.image) == p.get("To")
+        g["Upgraded"] += upgraded(c, p.get("To", ""))
     return {
         "ClusterName": name,
         "OperationId": op.id,
@@ -228,11 +234,11 @@ class Upgrading(Controller):
         if cut:
             self._replace(cluster, op, cut, refs, to, {})
             return Result(0.0)
-        login = sorted(n for n, c in nodes.items() if c.role == "login" and release_of(c.image) != to)
+        login = sorted(n for n, c in nodes.items() if c.role == "login" and not upgraded(c, to))
         if login:
-            self._replace(cluster, op, login, refs, to, {})
+            self._replace(cluster, op, login, refs, to, {n: nodes[n].group for n in login})
             return Result(0.0)
-        workers = {n: c for n, c in nodes.items() if c.role == "worker" and release_of(c.image) != to}
+        workers = {n: c for n, c in nodes.items() if c.role == "worker" and not upgraded(c, to)}
         if workers:
             return self._workers(cluster, op, workers, refs, to, int(p.get("BatchSize", 1)))
         self._finish(cluster, op, p)
@@ -363,17 +369,17 @@ class Upgrading(Controller):
         return s.emptied and not cluster.slurm.jobs_on(s.name)
 
     def _replace(
-        self, cluster: Cluster, op: Operation, nodes: list[str], refs: dict[str, str], to: str, _: dict[str, str]
+        self, cluster: Cluster, op: Operation, nodes: list[str], refs: dict[str, str], to: str, groups: dict[str, str]
     ) -> None:
         def one(n: str) -> bool:
             ok = actions.replace(cluster, n, why(to), NODE_UP_S, images=refs)
             if not ok:
-                self._tried(cluster, op, n, f"its replacement on Slurm {to} did not come up")
+                self._tried(cluster, op, n, f"its replacement on Slurm {to} did not come up", groups.get(n))
             return ok
 
         parallel(one, nodes)
 
-    def _tried(self, cluster: Cluster, op: Operation, node: str, why: str) -> None:
+    def _tried(self, cluster: Cluster, op: Operation, node: str, why: str, group: str | None = None) -> None:
         """Count a failed try at `node`; past MAX_TRIES the upgrade stops, Failed, naming it.
         The controller is tried again and again (each failure an Error event): the cluster
         has no other way back, its state being the new release's once slurmctld read it."""
@@ -381,11 +387,11 @@ class Upgrading(Controller):
         n = int(self.env.store.get(key) or "0") + 1
         self.env.store.put(key, str(n))
         if node == cluster.controller_node:
-            self._event(cluster, "Error", f"Upgrade of {node}: {why} (try {n}); trying again", None, node)
+            self._event(cluster, "Error", f"Upgrade of {node}: {why} (try {n}); trying again", group, node)
             return
         if n < MAX_TRIES:
             self._event(
-                cluster, "Warning", f"Upgrade of {node}: {why} (try {n} of {MAX_TRIES}); trying again", None, node
+                cluster, "Warning", f"Upgrade of {node}: {why} (try {n} of {MAX_TRIES}); trying again", group, node
             )
             return
         msg = (
@@ -394,7 +400,7 @@ class Upgrading(Controller):
         )
         self._resume_ours(cluster, reason(params(self.env, op)["To"]))
         self.env.store.end_operation(op.id, OperationStatus.FAILED, msg)
-        self._event(cluster, "Error", msg, None, node)
+        self._event(cluster, "Error", msg, group, node)
 
     def _resume_ours(self, cluster: Cluster, mine: str) -> None:
         """Workers the upgrade drained go back into service (never left drained without a word)."""

@@ -143,6 +143,91 @@ def test_upgrade_under_load_with_agent_killed(hp: Hp) -> None:
     assert _t(long_row[4]) <= _iso(replaced[-1]["EventTime"]), (long_row, replaced[-1])
 
 
+class Killer(threading.Thread):
+    """The fault: every container of `container` made on release `release`'s image is
+    `docker kill`ed as soon as it runs (docker ps every 0.1 s), until stopped."""
+
+    def __init__(self, container: str, release: str):
+        super().__init__(daemon=True)
+        self.container, self.release = container, release
+        self.stop = threading.Event()
+        self.killed: list[str] = []
+
+    def run(self) -> None:
+        while not self.stop.wait(0.1):
+            ps = subprocess.run(
+                ["docker", "ps", "--filter", f"name=^/{self.container}$", "--format", "{{.ID}} {{.Image}}"],
+                capture_output=True,
+                text=True,
+            )
+            for line in ps.stdout.splitlines():
+                cid, image = line.split()
+                if image.rsplit(":", 1)[-1].startswith(f"{self.release}-") and cid not in self.killed:
+                    subprocess.run(["docker", "kill", cid], capture_output=True)
+                    self.killed.append(cid)
+
+
+def test_a_node_that_cannot_come_back_is_retried_then_reported(hp: Hp) -> None:
+    """Issue 48 point 4 with a real fault: cpu-2's every container on 26.05 is killed as soon
+    as it runs. The upgrade tries it MAX_TRIES times (a Warning naming the node and the try
+    each), then ends Failed naming it; cpu-3, drained by the upgrade while a job ran on it,
+    is resumed (its job untouched, still on 24.11); once the fault stops, the agent's
+    provisioning brings cpu-2 back on the release the cluster runs (24.11: the upgrade
+    failed, its SlurmVersion unchanged) and jobs run on every worker."""
+    for release in (FROM, TO):  # a no-op when built
+        hp("images", "build", "--slurm", release, check=True, timeout=1800)
+    name = hp.name("rbf")
+    spec = write_spec(hp.home / "spec.json", small_spec(name, [("cpu", "cpu.nano", 3)]))
+    hp("create", "-f", str(spec), "--slurm", FROM, "--timeout", "300", check=True)
+    held = int(sh(hp, name, 'sbatch --parsable -w cpu-3 -o /dev/null --wrap "sleep 300"').stdout.strip())
+    wait_until(lambda: "RUNNING" in sh(hp, name, f"squeue -h -j {held} -o %T").stdout, 30, "cpu-3's job running")
+    killer = Killer(f"hp-{name}-cpu-2", TO)
+    killer.start()
+    t0 = time.monotonic()
+    try:
+        hp("upgrade", name, "--slurm", TO, "--batch-size", "2", check=True)
+        op = wait_until(
+            lambda: (o := upgrade_op(hp, name)) is not None and o["Status"] != "InProgress" and o, 180, "the end"
+        )
+    finally:
+        killer.stop.set()
+        killer.join(10)
+    failed_after = time.monotonic() - t0
+    assert op["Status"] == "Failed" and "cpu-2" in op["Message"], op
+    warned = [e["Description"] for e in events(hp, name) if e["EventLevel"] == "Warning"]
+    for n in range(1, 3):  # MAX_TRIES = 3: two Warnings, then the Error that ends it
+        assert any("cpu-2" in d and f"(try {n} of 3)" in d for d in warned), warned
+    assert any(
+        e["EventLevel"] == "Error" and "cpu-2" in e["Description"] and "(3 tries)" in e["Description"]
+        for e in events(hp, name)
+    )
+    assert len(killer.killed) >= 3, killer.killed
+    # cpu-3, drained by the upgrade while its job ran, is back in service with its job, on 24.11
+    drained = sh(hp, name, "sinfo -h -N -R -o '%N %E'").stdout
+    assert "upgrading" not in drained, drained
+    assert "RUNNING" in sh(hp, name, f"squeue -h -j {held} -o %T").stdout
+    image = subprocess.run(
+        ["docker", "inspect", "-f", "{{.Config.Image}}", f"hp-{name}-cpu-3"], capture_output=True, text=True
+    )
+    assert f":{FROM}-" in image.stdout, image.stdout
+    sh(hp, name, f"scancel {held}")
+
+    # the fault stopped: the agent launches cpu-2 again, on the cluster's release (24.11)
+    def back() -> bool:
+        r = sh(hp, name, "sinfo -h -N -p cpu -o '%N %t'", check=False)
+        return r.returncode == 0 and dict(line.split() for line in r.stdout.splitlines()).get("cpu-2") == "idle"
+
+    wait_until(back, 60, "cpu-2 idle again")
+    image = subprocess.run(
+        ["docker", "inspect", "-f", "{{.Config.Image}}", f"hp-{name}-cpu-2"], capture_output=True, text=True
+    )
+    assert f":{FROM}-" in image.stdout, image.stdout
+    ran = sh(hp, name, "srun -p cpu -N3 hostname").stdout.split()
+    assert sorted(ran) == ["cpu-1", "cpu-2", "cpu-3"], ran
+    assert hp.json("describe", name)["SlurmVersion"] == FROM
+    print(f"upgrade Failed {failed_after:.1f} s after hp upgrade; cpu-2 killed {len(killer.killed)} times")
+
+
 def _t(s: str) -> float:
     """sacct's time (the containers run UTC) in seconds."""
     return float(calendar.timegm(time.strptime(s, "%Y-%m-%dT%H:%M:%S")))
