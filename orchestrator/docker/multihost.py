@@ -57,7 +57,10 @@ from .views import (
 log = logging.getLogger("hp.hosts")
 T = TypeVar("T")
 
-RETRY_S = 1.0  # an unreachable host is tried again at most this often
+# an unreachable host is tried again at most this often by a call aimed at it: longer than a
+# command (a command pays one ping timeout for a dead host, not one per RETRY_S of its run);
+# the agent's host watch pings every host each second, so a host back is seen at once there
+RETRY_S = 15.0
 LOST_RETRY_S = 30.0  # ... and one the host watcher said is lost (longer than a command)
 PING_TIMEOUT_S = float(os.environ.get("HP_HOST_PING_TIMEOUT", "2"))
 FANOUT_DEPTH = 16  # chunks queued per destination of a fanned-out image stream

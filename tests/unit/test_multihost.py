@@ -35,8 +35,12 @@ from orchestrator.hosts import hostwatch
 from orchestrator.hosts.hostwatch import HostWatch
 from orchestrator.recovery import actions
 from orchestrator.releases import DEFAULT, RELEASES
+from orchestrator.runtime import Runtime
 from orchestrator.spec.catalogue import load_catalogue
 from orchestrator.spec.model import validate
+
+
+HOST_RETRY_S = mh.RETRY_S  # the real one (the fixture below zeroes it)
 
 
 @pytest.fixture(autouse=True)
@@ -310,10 +314,16 @@ def lose(w, host, monkeypatch):
 
 
 def run_watch(w, replaced=None):
+    """One poll of a host watch on a runtime of its own (keys "node:<name>" on its workers),
+    and what it offered done."""
     hw = HostWatch(w.env, "lab", replace=None if replaced is None else replaced)
+    hw.keys = ()  # the polls are the test's
+    rt = Runtime(w.env.store, "lab")
+    rt.add(hw)
+    rt.start()
     hw.poll()
-    for t in hw._threads:
-        t.join(10)
+    assert rt.idle(hw.kind, 10)
+    rt.shutdown()  # the later polls run nothing in the background
     return hw
 
 
@@ -717,6 +727,29 @@ def test_a_host_that_accepts_and_never_answers_costs_one_ping_timeout(silent_eng
         p.engine("b") and p._call("b", lambda e: e.containers())
     took = time.monotonic() - t0
     assert took < 1.5, took  # one ping of b, at the first call; none after
+    assert list(p.unreachable()) == ["b"]
+
+
+def test_a_command_slowed_by_its_machine_still_pays_one_ping_timeout(silent_engine, monkeypatch):
+    """Clean-clone runs of 2026-12-07: hp nodes / describe took the floor + two ping timeouts
+    with a host just killed, on a machine busy enough that the command outlived the old 1 s
+    retry (second ping)."""
+    import time
+
+    monkeypatch.setattr(mh, "PING_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(mh, "RETRY_S", HOST_RETRY_S)
+    now = [0.0]
+    a = FakeProvider(name="a")
+    a.images["img:1"] = "sha256:one"
+    a.create_container(spec("y"))
+    p = MultiHostProvider({"a": a, "b": silent_engine}, FakeProvider(), clock=lambda: now[0])
+    t0 = time.monotonic()
+    assert [c.name for c in p.containers()] == ["y"]
+    now[0] += 5.0  # the rest of the command, on a loaded machine
+    assert [c.name for c in p.containers()] == ["y"]
+    p.networks()
+    took = time.monotonic() - t0
+    assert took < 0.9, took  # one ping of b
     assert list(p.unreachable()) == ["b"]
 
 
