@@ -3,7 +3,10 @@ it (provisioning, recovery, the host, services and GPU watches, on-start checks)
 
 A controller observes, decides and acts in `reconcile(key)`, and says when it wants to run
 again (`Result(requeue_after)`; `Result()`: only when woken). The runtime owns the rest:
-- the threads: one per controller, so that a slow step of one never delays another;
+- the threads: a controller's `workers` of them (controller-runtime's MaxConcurrentReconciles),
+  so that a slow step of one controller never delays another and a controller's keys (a
+  node each, "node:<name>") run side by side; never one key on two threads at once, and a
+  key enqueued while it runs runs again once it ends;
 - the wake-ups: Docker events of the cluster (one stream; each controller's `watch` says
   which of its keys an event concerns), `enqueue` and `wake` by anyone (SIGUSR1, a group
   whose step freed capacity), and each key's own requeue time;
@@ -47,13 +50,33 @@ class Result:
         return cls(failed=True)
 
 
+NODE = "node:"  # a controller's key for one node: "node:<name>"
+
+
+def node_key(node: str) -> str:
+    return NODE + node
+
+
+def node_of(key: str | None) -> str | None:
+    """The node a key is for (None: not a node's key)."""
+    return key[len(NODE) :] if key and key.startswith(NODE) else None
+
+
 class Controller:
-    """One background behaviour. Subclasses set `kind` (and `backoff`, `keys`) and write
-    `reconcile`; `watch` and `close` are optional."""
+    """One background behaviour. Subclasses set `kind` (and `backoff`, `keys`, `workers`)
+    and write `reconcile`; `watch` and `close` are optional. `runtime` is the runtime it was
+    added to."""
 
     kind = "controller"
     keys: tuple[str, ...] = ("",)  # reconciled when the runtime starts
     backoff: tuple[float, ...] = BACKOFF_S
+    workers = 1  # keys of this controller reconciled at once, each on a thread of the runtime's
+    runtime: Runtime | None = None
+
+    def offer(self, key: str) -> bool:
+        """`key` now, unless it runs, waits its turn or is parked (Runtime.offer)."""
+        assert self.runtime is not None, f"{self.kind} is on no runtime"
+        return self.runtime.offer(self.kind, key)
 
     def reconcile(self, key: str) -> Result:  # pragma: no cover - every controller writes its own
         raise NotImplementedError
@@ -86,12 +109,15 @@ class Runtime:
         self._due: dict[tuple[str, str], float] = {}  # key -> when it runs next (monotonic)
         self._failures: dict[tuple[str, str], int] = {}
         self._parked: dict[tuple[str, str], str] = {}  # key -> the signature of the bug that parked it
+        self._running: set[tuple[str, str]] = set()  # keys being reconciled now
+        self._ended: dict[tuple[str, str], float] = {}  # key -> when its last reconcile ended (wall clock)
         self._threads: list[threading.Thread] = []
 
     # -- controllers and their keys --------------------------------------------------
     def add(self, c: Controller) -> Controller:
         with self._lock:
             self._ctrls[c.kind] = c
+            c.runtime = self
         for k in c.keys:
             self.enqueue(c.kind, k)
         return c
@@ -101,6 +127,16 @@ class Runtime:
         a controller not added yet finds it when it is)."""
         with self._lock:
             self._enqueue_locked((ctrl, key), after)
+
+    def offer(self, ctrl: str, key: str) -> bool:
+        """Reconcile `key` now unless it runs, waits its turn (a requeue, a backoff) or is
+        parked: for observers that look again anyway. Returns whether it was enqueued."""
+        with self._lock:
+            k = (ctrl, key)
+            if k in self._running or k in self._due or k in self._parked:
+                return False
+            self._enqueue_locked(k, 0.0)
+            return True
 
     def wake(self, ctrl: str | None = None) -> None:
         """Every known key of `ctrl` (of every controller: None) now."""
@@ -114,7 +150,7 @@ class Runtime:
     def forget(self, ctrl: str, key: str) -> None:
         """A key that no longer exists (a group removed from the spec)."""
         with self._lock:
-            for table in (self._due, self._failures, self._parked):
+            for table in (self._due, self._failures, self._parked, self._ended):
                 table.pop((ctrl, key), None)
 
     def reset(self, ctrl: str) -> None:
@@ -136,12 +172,40 @@ class Runtime:
         with self._lock:
             return self._failures.get((ctrl, key), 0)
 
+    def due_in(self, ctrl: str, key: str) -> float | None:
+        """Seconds until `key` runs (None: only when woken)."""
+        with self._lock:
+            at = self._due.get((ctrl, key))
+            return None if at is None else at - time.monotonic()
+
+    def ended(self, ctrl: str, key: str) -> float:
+        """When the last reconcile of `key` ended (wall clock; 0.0: never)."""
+        with self._lock:
+            return self._ended.get((ctrl, key), 0.0)
+
+    def idle(self, ctrl: str, timeout: float) -> bool:
+        """Wait until no key of `ctrl` runs or is due now (parked ones aside); False after
+        `timeout` seconds."""
+        end = time.monotonic() + timeout
+        with self._lock:
+            while True:
+                now = time.monotonic()
+                busy = any(c == ctrl for c, _ in self._running) or any(
+                    c == ctrl and at <= now and (c, k) not in self._parked for (c, k), at in self._due.items()
+                )
+                if not busy:
+                    return True
+                if now >= end:
+                    return False
+                self._cond(ctrl).wait(min(0.05, end - now))
+
     # -- running ---------------------------------------------------------------------
     def start(self) -> Runtime:
-        for name in list(self._ctrls):
-            t = threading.Thread(target=self._serve, args=(name,), daemon=True, name=name)
-            t.start()
-            self._threads.append(t)
+        for name, c in list(self._ctrls.items()):
+            for i in range(max(1, c.workers)):
+                t = threading.Thread(target=self._serve, args=(name,), daemon=True, name=f"{name}-{i}" if i else name)
+                t.start()
+                self._threads.append(t)
         if self._events is not None:
             threading.Thread(target=self._watch, daemon=True, name="events").start()
         return self
@@ -155,33 +219,41 @@ class Runtime:
         for c in self._ctrls.values():
             c.close()
 
-    def _take(self, ctrl: str) -> list[str]:
-        """The keys of `ctrl` due now, once there are some (waits for them); [] once stopped."""
+    def _take(self, ctrl: str) -> str | None:
+        """The key of `ctrl` due the longest, once there is one that no other thread runs
+        (waits for it), marked running; None once stopped."""
         with self._lock:
             while not self.stop.is_set():
                 now = time.monotonic()
-                mine = [(at, k) for (c, k), at in self._due.items() if c == ctrl and (c, k) not in self._parked]
-                due = [k for at, k in mine if at <= now]
-                if due:
-                    for k in due:
-                        del self._due[(ctrl, k)]
-                    return due
+                mine = [
+                    (at, k)
+                    for (c, k), at in self._due.items()
+                    if c == ctrl and (c, k) not in self._parked and (c, k) not in self._running
+                ]
+                if mine and (first := min(mine))[0] <= now:
+                    del self._due[(ctrl, first[1])]
+                    self._running.add((ctrl, first[1]))
+                    return first[1]
                 self._cond(ctrl).wait(min((at for at, _ in mine), default=now + 60.0) - now)
-        return []
+        return None
 
     def _serve(self, ctrl: str) -> None:
         c = self._ctrls[ctrl]
-        while not self.stop.is_set():
-            for key in self._take(ctrl):
-                if self.stop.is_set():
-                    return
-                self.run_once(c, key)
+        while (key := self._take(ctrl)) is not None:
+            try:
+                if not self.stop.is_set():
+                    self.run_once(c, key)
+            finally:
+                with self._lock:
+                    self._running.discard((ctrl, key))
+                    self._cond(ctrl).notify_all()  # a key enqueued while it ran may run now
 
     def run_once(self, c: Controller, key: str) -> Result | None:
         """One reconcile of `key`, its outcome applied (the unit tests call it directly)."""
         k = (c.kind, key)
         r, ok = self._attempt(c, key, lambda: c.reconcile(key))
         with self._lock:
+            self._ended[k] = time.time()
             if k in self._parked:
                 return None
             if not ok or r.failed:
@@ -215,6 +287,7 @@ class Runtime:
                     c.describe(key) if key is not None else f"{c.kind}, on a Docker event",
                     e,
                     log,
+                    node=node_of(key),
                 )
         return None, False
 

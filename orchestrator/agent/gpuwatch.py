@@ -28,6 +28,11 @@ what came before is what that reboot was for.
 Monitors go with their node: one whose node is gone, or was replaced (a new container:
 `io.hp.watches` names the container watched), is removed; cluster delete removes them
 with every container labelled for the cluster.
+
+On the runtime: key "" looks (every STEP_S) and offers each running GPU node's key
+"monitor:<node>" (its monitor made, made again RETRY_S after it exited or could not be
+made, and followed) and each node due an action its key "node:<node>" (the action; a
+failed one is backed off by the runtime), on the controller's workers.
 """
 
 from __future__ import annotations
@@ -50,8 +55,10 @@ from ..health.requests.gpu_check import condemned_gpus, node_wiring
 from ..naming import L_GPU_MODE, L_ROLE, L_WATCHES, labels, monitor_name
 from ..recovery import actions
 from ..recovery.rules import escalation, rebooted_for
-from ..runtime import Controller, Result
+from ..runtime import Controller, Result, node_key, node_of
+from ..slurm.model import SlurmNode
 from ..state.phases import Owner, Phase, owner_of
+from ..state.store import Latest
 from ..verdict import Action
 
 log = logging.getLogger("hp.gpuwatch")
@@ -62,7 +69,8 @@ WIRED_MODES = ("runtime", "cdi", "devices")
 MONITOR_CPUS = 0.2  # a ceiling; it uses far less (bench/health.py measures it)
 MONITOR_MEMORY = 256 << 20
 STEP_S = 5.0
-RETRY_S = 30.0
+RETRY_S = 30.0  # a monitor that exited or could not be made is made again after this
+MONITOR = "monitor:"  # a node's monitor key: "monitor:<node>"
 
 Act = Callable[[Cluster, Action, str, str], bool]  # (cluster, step, node, reason) -> back?
 
@@ -76,6 +84,7 @@ def interval() -> float:
 
 class GpuWatch(Controller):
     kind = "gpu-monitors"
+    workers = 4  # the look, and monitors made and nodes acted on side by side
 
     def __init__(self, env: Env, name: str, act: Act | None = None, step_s: float = STEP_S):
         self.env = env
@@ -87,14 +96,16 @@ class GpuWatch(Controller):
         self.lock = threading.RLock()
         self.states: dict[str, MonitorState] = {}  # node -> what its monitor said so far
         self.followers: dict[str, tuple[str, LineStream]] = {}  # node -> (monitor id, its open log stream)
-        self.busy: dict[str, threading.Thread] = {}
-        self.retry_at: dict[str, float] = {}  # node -> when to make its monitor again
         self._said: set[str] = set()  # one-off events already recorded
 
     # -- the controller ---------------------------------------------------------------
     def reconcile(self, key: str) -> Result:
         if self.env.store.cluster(self.name) is None:
             return Result()
+        if (node := node_of(key)) is not None:
+            return self.act(node)
+        if key.startswith(MONITOR):
+            return self.monitor(key[len(MONITOR) :])
         self.step()
         return Result(self.step_s)
 
@@ -106,7 +117,7 @@ class GpuWatch(Controller):
             s.close()
 
     def step(self) -> None:
-        """Monitors follow their nodes; due actions are taken."""
+        """Monitors follow their nodes; due actions are taken (each on its key)."""
         self.reconcile_monitors()
         self.act_due()
 
@@ -121,33 +132,42 @@ class GpuWatch(Controller):
         return nodes, monitors
 
     def reconcile_monitors(self) -> None:
-        p = self.cluster.p
+        """Monitors whose node is gone are removed; each running node's monitor key is offered."""
         nodes, monitors = self._nodes_and_monitors()
         for n, m in monitors.items():
-            node = nodes.get(n)
-            if node is None or m.labels.get(L_WATCHES) != node.id:  # its node is gone or was replaced
+            if n not in nodes:
                 self._forget(n)
-                p.remove_container(m.id)
-                continue
-            if m.dead:
-                tail = p.logs(m.id, tail=3).strip().replace("\n", " | ")[-300:]
-                self._event("Warning", f"GPU monitor of {n} exited ({m.exit_code}): {tail}; made again", n, node.group)
-                self._forget(n)
-                p.remove_container(m.id)
-                self.retry_at[n] = time.monotonic() + RETRY_S
-        nodes, monitors = self._nodes_and_monitors()
+                self.cluster.p.remove_container(m.id)
         for n, node in nodes.items():
-            if not node.running:
-                continue
-            m = monitors.get(n)
+            if node.running:
+                self.offer(MONITOR + n)
+
+    def monitor(self, n: str) -> Result:
+        """A node's monitor key: one whose node was replaced is removed; one that exited is
+        removed and made again after RETRY_S; the node's monitor made and followed."""
+        p = self.cluster.p
+        nodes, monitors = self._nodes_and_monitors()
+        node, m = nodes.get(n), monitors.get(n)
+        if m is not None and (node is None or m.labels.get(L_WATCHES) != node.id):  # its node is gone or was replaced
+            self._forget(n)
+            p.remove_container(m.id)
+            m = None
+        if m is not None and m.dead:
+            tail = p.logs(m.id, tail=3).strip().replace("\n", " | ")[-300:]
+            group = node.group if node else None
+            self._event("Warning", f"GPU monitor of {n} exited ({m.exit_code}): {tail}; made again", n, group)
+            self._forget(n)
+            p.remove_container(m.id)
+            return Result(RETRY_S)
+        if node is None or not node.running:
+            return Result()
+        if m is None:
+            m = self._start_monitor(node)
             if m is None:
-                if time.monotonic() < self.retry_at.get(n, 0.0):
-                    continue
-                m = self._start_monitor(node)
-                if m is None:
-                    continue
-            if m.running:
-                self._follow(n, m.id, node)
+                return Result(RETRY_S)
+        if m.running:
+            self._follow(n, m.id, node)
+        return Result()
 
     def _start_monitor(self, node: Container) -> Container | None:
         c, p = self.cluster, self.cluster.p
@@ -164,7 +184,6 @@ class GpuWatch(Controller):
             wiring = node_wiring(c, node)
         except GpuWiringError as e:
             self._event_once(f"wiring:{n}", "Warning", f"GPU monitor of {n}: its GPUs cannot be given to it: {e}", n)
-            self.retry_at[n] = time.monotonic() + RETRY_S
             return None
         lab = labels(c.name, ROLE, node.group, n)
         lab[L_WATCHES] = node.id
@@ -184,7 +203,6 @@ class GpuWatch(Controller):
         except TRANSIENT as e:
             log.warning("GPU monitor of %s: %s", n, e)
             p.remove_container(spec.name)
-            self.retry_at[n] = time.monotonic() + RETRY_S
             return None
         with self.lock:
             self.states[n] = MonitorState(expected_gpus=len(node.gpus))
@@ -200,6 +218,7 @@ class GpuWatch(Controller):
         stream = self.cluster.p.follow_logs(cid, since=self._rebooted_at(node))
         with self.lock:
             self.followers[node] = (cid, stream)
+        # a thread: it blocks on the monitor's log stream (Docker's, no poll) as long as it runs
         threading.Thread(target=self._read, args=(node, cid, stream), daemon=True, name=f"gpumon-{node}").start()
 
     def _read(self, node: str, cid: str, stream: LineStream) -> None:
@@ -290,9 +309,8 @@ class GpuWatch(Controller):
         return condemned_gpus(findings, by_index, cont.gpus)
 
     def act_due(self) -> None:
-        """Act on the nodes drained for a GPU finding (Slurm says which, and for what), each
-        by the escalation's step from its history, once no one else owns it and, for a
-        reboot, its jobs have ended."""
+        """Offer the key of each node drained for a GPU finding (Slurm says which, and for
+        what) that is due its escalation's step."""
         c = self.cluster
         try:
             drained = [n for n in c.slurm.nodes() if n.gpu_finding]
@@ -301,41 +319,33 @@ class GpuWatch(Controller):
         if not drained or c.reload().NodeRecovery != "Automatic":
             return
         latest = c.store.latest_phases(c.name)
-        now = time.time()
         for sn in drained:
-            got = reason_fault(sn.reason)
-            todo = self._step(sn.name, got[0], sn.reason) if got else Action.NONE
-            if todo is Action.NONE:
-                continue
-            if owner_of(latest.get(sn.name), now) not in (Owner.NONE, Owner.RECONCILER):
-                continue  # a health check or a recovery owns it now
-            if todo is not Action.REPLACE and sn.busy:
-                continue  # jobs still running: never killed for a reboot
-            t = self.busy.get(sn.name)
-            if t is not None and t.is_alive():
-                continue
-            t = threading.Thread(
-                target=guarded,
-                args=(
-                    self.env.store,
-                    self.name,
-                    f"GPU monitor {todo} of {sn.name}",
-                    log,
-                    self._run_action,
-                    sn.name,
-                    todo,
-                    sn.reason,
-                ),
-                kwargs={"node": sn.name},
-                daemon=True,
-                name=f"gpumon-act-{sn.name}",
-            )
-            self.busy[sn.name] = t
-            t.start()
+            if self._todo(sn, latest) is not Action.NONE:
+                self.offer(node_key(sn.name))
 
-    def _run_action(self, node: str, todo: Action, reason: str) -> None:
+    def _todo(self, sn: SlurmNode, latest: Latest) -> Action:
+        """The step due now for a node drained for a GPU finding: the escalation's step from
+        its history, once no one else owns it and, for a reboot, its jobs have ended."""
+        got = reason_fault(sn.reason)
+        todo = self._step(sn.name, got[0], sn.reason) if got else Action.NONE
+        if owner_of(latest.get(sn.name), time.time()) not in (Owner.NONE, Owner.RECONCILER):
+            return Action.NONE  # a health check or a recovery owns it now
+        if todo is not Action.REPLACE and sn.busy:
+            return Action.NONE  # jobs still running: never killed for a reboot
+        return todo
+
+    def act(self, node: str) -> Result:
+        """A node's key: the step due for it now (read again from Slurm and its history); one
+        that did not bring it back is backed off by the runtime."""
+        c = self.cluster
+        sn = next((n for n in c.slurm.nodes() if n.name == node and n.gpu_finding), None)
+        if sn is None or c.reload().NodeRecovery != "Automatic":
+            return Result()
+        todo = self._todo(sn, c.store.latest_phases(c.name))
+        if todo is Action.NONE:
+            return Result()
         try:
-            ok = self._act(self.cluster, todo, node, f"GPU finding: {reason}")
+            ok = self._act(self.cluster, todo, node, f"GPU finding: {sn.reason}")
         except TRANSIENT as e:
             log.warning("%s of %s failed: %s", todo, node, e)
             ok = False
@@ -346,6 +356,8 @@ class GpuWatch(Controller):
                     st.active.clear()  # a condition still there after the reboot is reported again
         if not ok:
             self._event("Error", f"{todo} of {node} for a GPU finding did not bring it back", node)
+            return Result.backoff()
+        return Result()
 
     # -- events -------------------------------------------------------------------------
     def _event(self, level: str, text: str, node: str | None = None, group: str | None = None) -> None:

@@ -1,14 +1,17 @@
 """The host watcher: a controller of each multi-host cluster's agent (orchestrator/runtime.py).
 
-Every POLL_S it pings every registered host (MultiHostProvider.check; a unix socket to a
-dead engine fails at once, a TCP one within HP_HOST_PING_TIMEOUT) and, every
-SWARM_EVERY_S, reads the swarm's node states from a manager. A host that has not
+Every POLL_S it pings every registered host (key "": MultiHostProvider.check; a unix socket
+to a dead engine fails at once, a TCP one within HP_HOST_PING_TIMEOUT) and, every
+SWARM_EVERY_S, reads the swarm's node states from a manager (key "swarm", on another of the
+controller's workers: while the swarm elects a new leader a manager's answer waits seconds,
+and the pings must go on meanwhile). A host that has not
 answered for LOST_AFTER_S (or whose swarm node is Down: then it is fenced, so that no
 node is placed there until it is Ready again) is lost:
 
 - nodes placed there (the store's placement) get an event; with NodeRecovery Automatic
-  each is replaced on another host under the same Slurm name (recovery.actions.replace:
-  Replacing, then Running; a replacement that finds no capacity is LaunchFailed and the
+  each is replaced on another host under the same Slurm name (its key "node:<name>", all
+  of them side by side on the controller's workers; recovery.actions.replace: Replacing,
+  then Running; a replacement that finds no capacity is LaunchFailed and the
   reconciler retries it with backoff, forever in continuous mode); without, they are
   marked (their status message) and wait for the host;
 - when the controller is there, the cluster is Degraded with a message saying so: one
@@ -34,17 +37,16 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from ..core.across_hosts import controller_host_of, ensure_fileserver
 from ..core.context import Cluster, Env
-from ..errors import TRANSIENT, EngineError, EngineUnavailable, report_bug
+from ..errors import TRANSIENT, EngineError, EngineUnavailable
 from ..naming import group_prefix, node_id
 from ..recovery import actions
-from ..runtime import Controller, Result
+from ..runtime import Controller, Result, node_key, node_of
 from ..state.phases import Phase, allowed
 from ..state.store import Latest, iso
 from ..state.transitions import ClusterStatus
@@ -65,6 +67,7 @@ HANDS_OFF = frozenset(
 )
 WATCHED = frozenset(ClusterStatus) - HANDS_OFF
 CONTROLLER_LOST = "the controller's host"
+SWARM = "swarm"  # the key that reads the swarm's node states
 
 Replace = Callable[[Cluster, str, str, float], bool]
 
@@ -75,7 +78,9 @@ def _replace(cluster: Cluster, node: str, why: str, wait: float) -> bool:
 
 class HostWatch(Controller):
     kind = "hosts"
+    keys = ("", SWARM)
     backoff = (POLL_S,)
+    workers = 16  # the pings, the swarm's states, and a lost host's nodes replaced side by side
 
     def __init__(self, env: Env, name: str, replace: Replace | None = None, clock: Callable[[], float] = time.time):
         self.env = env
@@ -84,40 +89,40 @@ class HostWatch(Controller):
         self.clock = clock
         self._replace = replace or _replace
         self.down_since: dict[str, float] = {}
-        self.acted: set[str] = set()  # hosts whose loss was acted on (this outage)
-        self._last_swarm = 0.0
+        self.acted: dict[str, str] = {}  # hosts whose loss was acted on (this outage) -> why they are lost
         self._last_sweep = 0.0
         self._swarm_down: dict[str, str] = {}
-        self._threads: list[threading.Thread] = []
         self._first = True
         self._fresh: dict[str, float] = {}  # host back -> until when it is swept every poll
-        self._swarm_reader: threading.Thread | None = None
         self._recorded: dict[str, float] = {}  # host -> when its loss was last recorded
 
     # -- the controller ---------------------------------------------------------------
     def reconcile(self, key: str) -> Result:
+        if (node := node_of(key)) is not None:
+            return self.replace_lost(node)
+        if key == SWARM:
+            if self._watching():
+                self._swarm_down = self._swarm_states()
+            return Result(SWARM_EVERY_S)
         self.poll()
         return Result(POLL_S)
 
-    def close(self) -> None:
-        for t in self._threads:
-            t.join(timeout=5)
+    def describe(self, key: str) -> str:
+        node = node_of(key)
+        return f"replacement of {node} after its host was lost" if node else super().describe(key)
+
+    def _watching(self) -> bool:
+        if not self.env.multihost:
+            return False
+        row = self.env.store.cluster(self.name)
+        return row is not None and row.status not in HANDS_OFF
 
     def poll(self) -> None:
-        if not self.env.multihost:
-            return
-        row = self.env.store.cluster(self.name)
-        if row is None or row.status in HANDS_OFF:
+        if not self._watching():
             return
         now = self.clock()
         mp: Any = self.env.provider
         down = dict(mp.check()) if hasattr(mp, "check") else dict(mp.unreachable(refresh=True))
-        if now - self._last_swarm >= SWARM_EVERY_S and not (self._swarm_reader and self._swarm_reader.is_alive()):
-            # on a thread: while the swarm elects a new leader (its leader's host was lost)
-            # a manager's answer waits seconds, and the pings must go on meanwhile
-            self._last_swarm = now
-            self._swarm_reader = threading.Thread(target=self._read_swarm, daemon=True, name="hp-swarm-states")
-            self._swarm_reader.start()
         unanswered = set(down)  # its engine (a fenced host's may still answer)
         for h, why in self._swarm_down.items():
             down.setdefault(h, why)
@@ -129,14 +134,14 @@ class HostWatch(Controller):
                     self._recorded[h] = now  # hp's commands take it as unreachable without waiting on it
                     record_lost(self.env.store, h, down[h], since, now)
                 if h not in self.acted and now - since >= LOST_AFTER_S:
-                    self.acted.add(h)
+                    self.acted[h] = down[h]
                     self.host_lost(h, down[h], since)
             if h not in unanswered and self._recorded.pop(h, None) is not None:
                 record_lost(self.env.store, h, None)
             if h not in down:
                 self.down_since.pop(h, None)
                 if h in self.acted:
-                    self.acted.discard(h)
+                    del self.acted[h]
                     self._fresh[h] = now + FRESH_S
                     self.host_back(h)
                 elif self._fresh.get(h, 0) > now:  # a returning engine may list its containers late
@@ -148,9 +153,6 @@ class HostWatch(Controller):
                 if h not in down:
                     self.sweep(h, returned=False)
         self._controller_status(down)
-
-    def _read_swarm(self) -> None:
-        self._swarm_down = self._swarm_states()
 
     def _swarm_states(self) -> dict[str, str]:
         """Hosts whose swarm node a manager sees Down (their engine may still answer):
@@ -209,14 +211,7 @@ class HostWatch(Controller):
                 n,
             )
             if automatic and allowed(phase, Phase.REPLACING):
-                t = threading.Thread(
-                    target=self._run_replace,
-                    args=(n, f"its host {host} does not answer ({why})"),
-                    daemon=True,
-                    name=f"hp-host-replace-{n}",
-                )
-                self._threads.append(t)
-                t.start()
+                self.offer(node_key(n))
             else:
                 self._mark(n, host, at, why, latest)
 
@@ -224,13 +219,22 @@ class HostWatch(Controller):
         if latest.phase(n) is Phase.RUNNING:
             self.env.store.set_phase(self.name, n, Phase.RUNNING, f"its host {host} does not answer ({why}) since {at}")
 
-    def _run_replace(self, n: str, why: str) -> None:
+    def replace_lost(self, n: str) -> Result:
+        """A node's key: replaced on another host while the host it is placed on is lost
+        (NodeRecovery Automatic); once, a replacement that failed is the reconciler's to retry
+        (LaunchFailed; a bug: reported, the key parked)."""
+        store = self.env.store
+        host = store.node_hosts(self.name).get(n, "")
+        why = self.acted.get(host)
+        if why is None or self.cluster.reload().NodeRecovery != "Automatic":
+            return Result()
+        if not allowed(store.latest_phases(self.name).phase(n), Phase.REPLACING):
+            return Result()
         try:
-            self._replace(self.cluster, n, why, REPLACE_WAIT_S)
+            self._replace(self.cluster, n, f"its host {host} does not answer ({why})", REPLACE_WAIT_S)
         except TRANSIENT as e:  # the reconciler retries a replacement left LaunchFailed
             log.warning("replacing %s: %s", n, e)
-        except Exception as e:  # noqa: BLE001 - a bug: reported, the node is left to the reconciler
-            report_bug(self.env.store, self.name, f"replacement of {n} after its host was lost", e, log, node=n)
+        return Result()
 
     # -- a host comes back ----------------------------------------------------------------
     def host_back(self, host: str) -> None:

@@ -117,16 +117,11 @@ class Seen:
     why: str
 
 
-def guard(
-    seen: Seen, recorded: NodePhase | None, busy: bool, last_done: float, retry_at: float, now: float
-) -> str | None:
-    """Why not to act on an observation (None: go ahead). Pure."""
-    if busy:
-        return "an action on it is in progress here"
+def guard(seen: Seen, recorded: NodePhase | None, last_done: float, now: float) -> str | None:
+    """Why not to act on an observation (None: go ahead; that no action on it runs and that a
+    failed one backs off, the runtime sees to: the node's key). Pure."""
     if seen.at < last_done:
         return "observed before the last action on it ended"
-    if now < retry_at:
-        return "backing off after a failed recovery"
     if recorded is not None:
         if recorded.time > seen.at:
             return "its status changed after the observation"

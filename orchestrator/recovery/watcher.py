@@ -1,10 +1,12 @@
 """Automatic node recovery: watch a cluster's containers (Docker events, at once) and its
 Slurm node states (a poll every 2 s), and reboot or replace nodes that died.
 
-The decision is rules.py's table; the watcher only observes, guards against acting
-twice or on nodes someone else owns, and runs each action on a thread of its own. A
-controller of the agent's runtime (orchestrator/runtime.py): its poll is `reconcile`, the
-cluster's Docker events reach `watch`.
+The decision is rules.py's table; the watcher only observes and guards against acting
+on nodes someone else owns. A controller of the agent's runtime (orchestrator/runtime.py):
+its key "" is the poll, the cluster's Docker events reach `watch`; both keep each node's
+latest observation and offer its key "node:<name>", which takes the action on one of the
+runtime's workers: never twice at once, a failed one backed off by the runtime's table
+(rules.BACKOFF_S).
 """
 
 from __future__ import annotations
@@ -13,11 +15,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
+from typing import NamedTuple
 
 from ..core.context import Cluster, Env
 from ..docker.views import Event
-from ..errors import TRANSIENT, EngineError, EngineUnavailable, report_bug
-from ..runtime import Controller, Result
+from ..errors import TRANSIENT, EngineError, EngineUnavailable
+from ..runtime import Controller, Result, node_key, node_of
 from ..slurm.model import DOWN, SlurmNode
 from ..state.phases import NodePhase
 from ..state.transitions import ClusterStatus
@@ -46,11 +49,20 @@ HANDS_OFF_CLUSTER = (ClusterStatus.CREATING, ClusterStatus.DELETING, ClusterStat
 Act = Callable[[Cluster, Action, str, str, float], bool]
 
 
+class Look(NamedTuple):
+    """A node's latest observation, what its key acts on."""
+
+    seen: Seen
+    automatic: bool
+    recorded: NodePhase | None
+
+
 class RecoveryWatcher(Controller):
-    """Watches one cluster and recovers its nodes; one thread per node action."""
+    """Watches one cluster and recovers its nodes, each on a key of its own."""
 
     kind = "recovery"
-    backoff = (POLL_S,)  # an engine hiccup must not end the watch: the next poll
+    backoff = BACKOFF_S  # a node whose recovery failed, before it is tried again
+    workers = 8  # the poll, and up to 7 nodes recovered at once
 
     def __init__(self, env: Env, name: str, wait: float = 60.0, act: Act | None = None):
         self.env = env
@@ -59,10 +71,7 @@ class RecoveryWatcher(Controller):
         self.wait = wait
         self._act_fn = act or actions.step
         self._lock = threading.Lock()
-        self._busy: dict[str, threading.Thread] = {}
-        self._last_done: dict[str, float] = {}
-        self._failures: dict[str, int] = {}
-        self._retry_at: dict[str, float] = {}
+        self._looks: dict[str, Look] = {}  # nodes whose facts call for an action: the latest look at each
         self._snodes: dict[str, SlurmNode] = {}
         self._oom: set[str] = set()
         self._absent_since: dict[str, float] = {}  # running workers Slurm has no record of
@@ -71,16 +80,26 @@ class RecoveryWatcher(Controller):
 
     # -- the controller ---------------------------------------------------------------
     def reconcile(self, key: str) -> Result:
-        """One poll, and the next in POLL_S; none once the cluster is gone."""
-        return Result(POLL_S) if self.poll() else Result()
+        """A node's key: its action. Key "": one poll, and the next in POLL_S; none once
+        the cluster is gone."""
+        if (node := node_of(key)) is not None:
+            return self.recover(node)
+        try:
+            return Result(POLL_S) if self.poll() else Result()
+        except TRANSIENT as e:  # an engine hiccup must not end the watch: the next poll
+            log.info("recovery poll of %s: %s", self.name, e)
+            return Result(POLL_S)
+
+    def describe(self, key: str) -> str:
+        node = node_of(key)
+        look = self._looks.get(node or "")
+        if look is None:
+            return super().describe(key)
+        return f"{decide(look.seen.role, look.seen.container, look.seen.slurm, look.automatic)} of {node}"
 
     def watch(self, event: Event) -> Iterable[str]:
         self.on_event(event)
         return ()
-
-    def close(self) -> None:
-        for t in list(self._busy.values()):
-            t.join(timeout=self.wait)
 
     def _automatic(self) -> bool | None:
         """NodeRecovery is Automatic? None while the cluster is not the watcher's to act on."""
@@ -192,55 +211,50 @@ class RecoveryWatcher(Controller):
         self.consider(seen, automatic, self.env.store.latest_phases(self.name).get(node))
 
     def consider(self, seen: Seen, automatic: bool, recorded: NodePhase | None) -> None:
-        action = decide(seen.role, seen.container, seen.slurm, automatic)
-        if action is Action.NONE:
+        """Keep the look at a node whose facts call for an action, and offer its key (the
+        runtime takes it unless it runs, backs off or is parked: then it reads this look)."""
+        if decide(seen.role, seen.container, seen.slurm, automatic) is Action.NONE:
+            with self._lock:
+                self._looks.pop(seen.node, None)
             return
         with self._lock:
-            t = self._busy.get(seen.node)
-            busy = t is not None and t.is_alive()
-            why_not = guard(
-                seen,
-                recorded,
-                busy,
-                self._last_done.get(seen.node, 0.0),
-                self._retry_at.get(seen.node, 0.0),
-                time.time(),
-            )
-            if why_not:
-                log.debug("%s: not acting (%s): %s", seen.node, action, why_not)
-                return
-            t = threading.Thread(
-                target=self._run_action, args=(seen, action), daemon=True, name=f"hp-recover-{self.name}-{seen.node}"
-            )
-            self._busy[seen.node] = t
-            t.start()
-        log.info("%s: %s (%s)", seen.node, action, seen.why)
+            self._looks[seen.node] = Look(seen, automatic, recorded)
+        if self._why_not(seen.node) is None:
+            self.offer(node_key(seen.node))
 
-    def _run_action(self, seen: Seen, action: Action) -> None:
+    def _why_not(self, node: str) -> str | None:
+        """Why not to act on the node's latest look now (rules.guard)."""
+        look = self._looks.get(node)
+        if look is None:
+            return "nothing calls for it"
+        ended = self.runtime.ended(self.kind, node_key(node)) if self.runtime else 0.0
+        return guard(look.seen, look.recorded, ended, time.time())
+
+    def recover(self, node: str) -> Result:
+        """A node's key: the action its latest look calls for; a failure is backed off by
+        the runtime (Result.failed), one that never reached a node is tried at the next poll."""
+        with self._lock:
+            look = self._looks.get(node)
+        if look is None or (why_not := self._why_not(node)) is not None:
+            log.debug("%s: not acting: %s", node, why_not if look else "nothing calls for it")
+            return Result()
+        seen, action = look.seen, decide(look.seen.role, look.seen.container, look.seen.slurm, look.automatic)
+        log.info("%s: %s (%s)", node, action, seen.why)
         if seen.role == "worker":  # a step that held it may run again (srun --auto-resume)
             with self._lock:
                 self._retries_until = time.time() + RETRY_WATCH_S
         try:
-            ok = self._act_fn(self.cluster, action, seen.node, seen.why, self.wait)
-        except TRANSIENT as e:  # report, back off, keep watching
-            log.warning("%s of %s failed: %s", action, seen.node, e)
+            ok = self._act_fn(self.cluster, action, node, seen.why, self.wait)
+        except TRANSIENT as e:  # backed off, the watch goes on
+            log.warning("%s of %s failed: %s", action, node, e)
             ok = False
-        except Exception as e:  # noqa: BLE001 - a bug: reported; the node is backed off like a failure, never retried in a loop
-            report_bug(self.env.store, self.name, f"{action} of {seen.node}", e, log, node=seen.node)
-            ok = False
-        engine_answers = ok or self._engine_answers()
         with self._lock:
-            self._last_done[seen.node] = time.time()
-            self._oom.discard(seen.node)
-            if ok:
-                self._failures.pop(seen.node, None)
-                self._retry_at.pop(seen.node, None)
-            elif not engine_answers:  # the action never reached a node: try again soon, no backoff
-                self._retry_at[seen.node] = time.time() + POLL_S
-            else:
-                n = self._failures.get(seen.node, 0)
-                self._failures[seen.node] = n + 1
-                self._retry_at[seen.node] = time.time() + BACKOFF_S[min(n, len(BACKOFF_S) - 1)]
+            self._oom.discard(node)
+        if ok:
+            return Result()
+        if not self._engine_answers():  # the action never reached a node: again soon, no backoff
+            return Result(POLL_S)
+        return Result.backoff()
 
     def _engine_answers(self) -> bool:
         try:

@@ -534,3 +534,30 @@ def test_the_wait_primitive_imports_nothing_of_hps_but_errors() -> None:
     tree = ast.parse((PKG / "waits.py").read_text())
     ours = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level > 0]
     assert ours == ["errors"]
+
+
+# The agent's wing: its threads are the runtime's (a controller's `workers`), not its own.
+AGENT_WING = ("agent", "recovery", "hosts/hostwatch.py", "services/servicewatch.py", "health/requests")
+# (module, function) -> why it may start a thread: it blocks on a stream as long as that runs.
+STREAM_READERS: dict[tuple[str, str], str] = {
+    ("agent/gpuwatch.py", "_follow"): "a GPU monitor's Docker log stream, read as it comes (no poll)",
+}
+
+
+def test_the_agent_wing_starts_no_threads_but_its_stream_readers() -> None:
+    files = sorted(f for w in AGENT_WING for f in ((PKG / w).rglob("*.py") if (PKG / w).is_dir() else [PKG / w]))
+    assert files
+    found = set()
+    for f in files:
+        rel = f.relative_to(PKG).as_posix()
+
+        def visit(node: ast.AST, where: str, rel: str = rel) -> None:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                where = node.name
+            if isinstance(node, ast.Call) and ast.unparse(node.func) in ("threading.Thread", "Thread"):
+                found.add((rel, where))
+            for child in ast.iter_child_nodes(node):
+                visit(child, where)
+
+        visit(ast.parse(f.read_text()), "<module>")
+    assert found == set(STREAM_READERS), "the agent's work runs on the runtime's workers (Controller.workers)"

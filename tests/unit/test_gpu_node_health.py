@@ -27,6 +27,7 @@ from orchestrator.health.requests.runner import Options, run_and_record
 from orchestrator.naming import L_WATCHES, monitor_name
 from orchestrator.recovery import actions
 from orchestrator.releases import DEFAULT
+from orchestrator.runtime import Runtime
 from orchestrator.slurm.model import SlurmNode
 from orchestrator.spec.model import validate
 from orchestrator.state.health_requests import Records
@@ -226,11 +227,33 @@ class Acts:
         return actions.step(cluster, action, node, reason, wait=5)
 
 
+RUNTIMES: list[Runtime] = []
+
+
+@pytest.fixture(autouse=True)
+def _runtimes():
+    yield
+    while RUNTIMES:
+        RUNTIMES.pop().shutdown()
+
+
 def watch(w):
+    """A GPU watch on a runtime of its own: its monitor and node keys run on the runtime's
+    workers, its look (key "") is the test's (`step`)."""
     acts = Acts()
     gw = GpuWatch(w.env, "lab", act=acts)
     gw.acts = acts
+    gw.keys = ()
+    rt = Runtime(w.env.store, "lab")
+    rt.add(gw)
+    RUNTIMES.append(rt.start())
     return gw
+
+
+def step(gw):
+    """One look, and what it offered done."""
+    gw.step()
+    assert gw.runtime.idle(gw.kind, 10)
 
 
 def wait_for(cond, timeout=2.0):
@@ -242,7 +265,7 @@ def wait_for(cond, timeout=2.0):
 
 def test_each_gpu_node_gets_a_monitor_with_its_gpus(w):
     gw = watch(w)
-    gw.step()
+    step(gw)
     m = w.provider._get(monitor_name("lab", "gpu-1"))
     node = w.provider.node("lab", "gpu-1")
     assert m.state == "running" and m.spec.gpus.gpu_ids == (h200_uuid(0),) and m.spec.network == "none"
@@ -250,20 +273,20 @@ def test_each_gpu_node_gets_a_monitor_with_its_gpus(w):
     assert m.spec.labels[L_WATCHES] == node.id and m.spec.labels["io.hp.role"] == "gpu-monitor"
     assert m.spec.cpu_limit <= 0.2
     assert "gpu-1" in gw.followers
-    gw.step()  # idempotent: one monitor, one follower
+    step(gw)  # idempotent: one monitor, one follower
     assert len([c for c in w.provider.containers("lab") if c.role == "gpu-monitor"]) == 1
     # the node is replaced: its monitor goes, the new container gets one
     assert actions.replace(Cluster(w.env, "lab"), "gpu-1", "test", wait=1)
-    gw.step()
+    step(gw)
     m2 = w.provider._get(monitor_name("lab", "gpu-1"))
     assert m2.spec.labels[L_WATCHES] == w.provider.node("lab", "gpu-1").id != node.id
-    gw.close()
+    gw.runtime.shutdown()
 
 
 def test_monitor_lines_are_followed_xid_79_drains_and_reboots_when_jobs_end(w):
     """Changed: NVML delivers XID 79 on GPU 0 while the monitor runs."""
     gw = watch(w)
-    gw.step()
+    step(gw)
     lines = monitor_lines(FakeNvml([h200_gpu()], xids=[(0, 79)]))
     assert any('"type": "xid"' in x for x in lines)
     w.slurm.set("gpu-1", "ALLOCATED")  # a job runs on it
@@ -272,13 +295,13 @@ def test_monitor_lines_are_followed_xid_79_drains_and_reboots_when_jobs_end(w):
     wait_for(lambda: w.slurm.nodes_["gpu-1"].gpu_finding)
     sn = w.slurm.nodes_["gpu-1"]
     assert sn.drained and sn.reason.startswith("hp:gpu:recover:xid-79") and sn.gpu_finding
-    gw.step()
+    step(gw)
     assert gw.acts.done == []  # its job still runs: a reboot waits
     w.slurm.nodes_["gpu-1"] = SlurmNode("gpu-1", ("IDLE", "DRAIN"), sn.reason)
-    gw.step()
+    step(gw)
     wait_for(lambda: gw.acts.done == [("reboot", "gpu-1")])
     assert any("xid-79" in e and "rebooted when its jobs have ended" in e for e in events(w))
-    gw.close()
+    gw.runtime.shutdown()
 
 
 def test_uncorrectable_ecc_replaces_at_once_and_quarantines_the_gpu(w):
@@ -288,7 +311,7 @@ def test_uncorrectable_ecc_replaces_at_once_and_quarantines_the_gpu(w):
     for line in monitor_lines(FakeNvml([h200_gpu(uuid=h200_uuid(0), ecc_uncorrected_volatile=1)])):
         gw.on_line("gpu-1", line)
     assert list(capacity.quarantined(w.env.store)) == [h200_uuid(0)]
-    gw.step()
+    step(gw)
     wait_for(lambda: gw.acts.done == [("replace", "gpu-1")])  # at once, its job or not
 
 
@@ -297,14 +320,14 @@ def test_an_application_xid_is_an_event_and_a_manual_cluster_is_only_drained(w):
     gw = watch(w)
     for line in monitor_lines(FakeNvml([h200_gpu()], xids=[(0, 13)])):
         gw.on_line("gpu-1", line)
-    gw.step()
+    step(gw)
     assert not w.slurm.nodes_["gpu-1"].drained and gw.acts.done == []
     assert any("xid-13" in e for e in events(w))
     w.env.store.update_spec("lab", lambda s: {**s, "NodeRecovery": "None"})
     gw2 = watch(w)
     for line in monitor_lines(FakeNvml([h200_gpu()], xids=[(0, 79)])):
         gw2.on_line("gpu-1", line)
-    gw2.step()
+    step(gw2)
     assert w.slurm.nodes_["gpu-1"].gpu_finding and gw2.acts.done == []
     assert any("kept drained: NodeRecovery is not Automatic" in e for e in events(w))
 
@@ -316,15 +339,15 @@ def test_a_finding_back_after_a_reboot_escalates_to_replace(w):
     for line in pending:
         gw.on_line("gpu-1", line)
     assert w.slurm.nodes_["gpu-1"].reason.startswith("hp:gpu:recover:remap-pending")
-    gw.step()
+    step(gw)
     wait_for(lambda: gw.acts.done == [("reboot", "gpu-1")], timeout=10)
-    wait_for(lambda: not gw.busy["gpu-1"].is_alive(), timeout=10)
+    assert gw.runtime.idle(gw.kind, 10)
     assert not w.slurm.nodes_["gpu-1"].drained  # back in service after the reboot
     for line in pending[1:]:  # the next snapshots still show it: the re-check
         gw.on_line("gpu-1", line)
-    gw.step()
+    step(gw)
     wait_for(lambda: gw.acts.done == [("reboot", "gpu-1"), ("replace", "gpu-1")], timeout=10)
-    gw.close()
+    gw.runtime.shutdown()
 
 
 def test_an_agent_restarted_between_the_reboot_and_the_re_check_replaces(w):
@@ -334,22 +357,22 @@ def test_an_agent_restarted_between_the_reboot_and_the_re_check_replaces(w):
     pending = monitor_lines(FakeNvml([h200_gpu(remapped_rows=[0, 1, 1, 0])]))
     for line in pending:
         first.on_line("gpu-1", line)
-    first.step()
+    step(first)
     wait_for(lambda: first.acts.done == [("reboot", "gpu-1")], timeout=10)
-    wait_for(lambda: not first.busy["gpu-1"].is_alive(), timeout=10)
-    first.close()
+    assert first.runtime.idle(first.kind, 10)
+    first.runtime.shutdown()
     again = watch(w)
     d = None
     for line in pending:  # the re-check: the new agent's first look at the monitor
         d = again.on_line("gpu-1", line) or d
     assert d is not None and d.action == "replace" and d.at_once
     assert any("it will be replaced now" in e for e in events(w))
-    again.step()
+    step(again)
     wait_for(lambda: again.acts.done == [("replace", "gpu-1")], timeout=10)
-    wait_for(lambda: not again.busy["gpu-1"].is_alive(), timeout=10)
+    assert again.runtime.idle(again.kind, 10)
     history = [r.phase for r in w.env.store.node_history("lab", "gpu-1")]
     assert history.count("Rebooting") == 1 and history[-2:] == ["Replacing", "Running"]
-    again.close()
+    again.runtime.shutdown()
 
 
 def test_a_node_drained_before_an_agent_restart_is_acted_on_by_the_next(w):
@@ -358,11 +381,11 @@ def test_a_node_drained_before_an_agent_restart_is_acted_on_by_the_next(w):
     first = watch(w)
     for line in monitor_lines(FakeNvml([h200_gpu()], xids=[(0, 79)])):
         first.on_line("gpu-1", line)
-    first.close()
+    first.runtime.shutdown()
     again = watch(w)
-    again.step()
+    step(again)
     wait_for(lambda: again.acts.done == [("reboot", "gpu-1")], timeout=10)
-    again.close()
+    again.runtime.shutdown()
 
 
 def test_a_health_check_may_take_a_node_the_monitor_drained():

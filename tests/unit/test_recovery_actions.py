@@ -25,7 +25,10 @@ def w(tmp_path, monkeypatch):
     monkeypatch.setattr(actions, "POLL_S", 0.001)
     w = world(tmp_path)
     create(w.env, validate(spec_doc("lab"), w.env.catalogue), CreateOptions(timeout=5))
-    return w
+    w.runtimes = []
+    yield w
+    for rt in w.runtimes:
+        rt.shutdown()
 
 
 def phase(w, node):
@@ -266,17 +269,24 @@ def test_targets_without_a_container(w):
 
 
 # -- the watcher ------------------------------------------------------------------------
-def watcher(w, calls):
-    def act(cluster, action, node, why, wait):
+def watcher(w, calls=None, act=None):
+    """A watcher on a runtime of its own: its node keys run on the runtime's workers, its
+    poll is the test's."""
+
+    def record(cluster, action, node, why, wait):
         calls.append((action, node, why))
         return True
 
-    return RecoveryWatcher(w.env, "lab", act=act)
+    wt = RecoveryWatcher(w.env, "lab", act=act or record)
+    wt.keys = ()
+    rt = Runtime(w.env.store, "lab")
+    rt.add(wt)
+    w.runtimes.append(rt.start())
+    return wt
 
 
 def join(wt):
-    for t in list(wt._busy.values()):
-        t.join(2)
+    assert wt.runtime.idle(wt.kind, 5)
 
 
 def test_watcher_recovers_a_dead_worker_and_reboots_a_dead_controller(w):
@@ -356,7 +366,8 @@ def test_watcher_runs_until_stopped_and_reports_a_bug_in_an_action(w):
     assert not any(t.is_alive() for t in rt._threads)
     bug = next(e.description for e in w.env.store.events("lab") if "internal error" in e.description)
     assert "reboot of cpu-1" in bug or "recover of cpu-1" in bug
-    assert wt._retry_at.get("cpu-1", 0) > time.time()  # backed off like a failure: not retried in a loop
+    assert rt.parked("recovery") == {"node:cpu-1"}  # its key parked: not retried in a loop, the poll goes on
+    assert len([e for e in w.env.store.events("lab") if "internal error" in e.description]) == 1
 
 
 def test_a_recovery_that_failed_because_the_engine_was_down_is_tried_again_soon(w):
@@ -373,13 +384,14 @@ def test_a_recovery_that_failed_because_the_engine_was_down_is_tried_again_soon(
         cluster.store.set_phase("lab", node, Phase.RUNNING)
         return True
 
-    wt = RecoveryWatcher(w.env, "lab", act=act)
+    wt = watcher(w, act=act)
     w.provider.die("lab", "controller-1")
     wt.poll()
     join(wt)
     w.provider.up = True
     assert calls == [(Action.REBOOT, "controller-1")]
-    assert wt._retry_at["controller-1"] - time.time() <= 2.0 and "controller-1" not in wt._failures
+    assert wt.runtime.due_in("recovery", "node:controller-1") <= 2.0
+    assert wt.runtime.failures("recovery", "node:controller-1") == 0
     time.sleep(2.05)
     wt.poll()
     join(wt)
@@ -390,8 +402,11 @@ def test_a_recovery_that_failed_with_the_engine_up_backs_off(w):
     def act(cluster, action, node, why, wait):
         return False
 
-    wt = RecoveryWatcher(w.env, "lab", act=act)
+    wt = watcher(w, act=act)
     w.provider.die("lab", "cpu-1")
     wt.poll()
     join(wt)
-    assert wt._retry_at["cpu-1"] - time.time() > 25 and wt._failures["cpu-1"] == 1
+    assert wt.runtime.due_in("recovery", "node:cpu-1") > 25 and wt.runtime.failures("recovery", "node:cpu-1") == 1
+    wt.poll()  # still dead: the poll leaves it to its backoff
+    join(wt)
+    assert wt.runtime.due_in("recovery", "node:cpu-1") > 25

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -15,6 +16,7 @@ from orchestrator.recovery.rules import (
     slurm_condition,
 )
 from orchestrator.recovery.watcher import RecoveryWatcher
+from orchestrator.runtime import Runtime
 from orchestrator.slurm.model import SlurmNode
 from orchestrator.state.phases import NodePhase, Phase
 from orchestrator.verdict import Action
@@ -109,30 +111,28 @@ def seen(at: float = 100.0) -> Seen:
 
 
 @pytest.mark.parametrize(
-    "recorded,busy,last_done,retry_at,now,blocked",
-    [
-        (None, False, 0.0, 0.0, 101.0, False),
-        (None, True, 0.0, 0.0, 101.0, True),  # never twice at once
-        (None, False, 100.5, 0.0, 101.0, True),  # stale: taken before the last action ended
-        (None, False, 0.0, 200.0, 101.0, True),  # backing off
-        (rec("DeepHealthCheckInProgress", "", 50.0), False, 0.0, 0.0, 101.0, True),
-        (rec("ShuttingDown", "", 50.0), False, 0.0, 0.0, 101.0, True),
-        (rec("Rebooting", "rebooting: x", 90.0), False, 0.0, 0.0, 101.0, True),  # another process acts
-        (rec("Replacing", "replacing: x", 90.0), False, 0.0, 0.0, 101.0, True),
-        (rec("Rebooting", "rebooting: x", 90.0), False, 0.0, 0.0, 1000.0, False),  # a leftover
-        (rec("Launching", "", 50.0), False, 0.0, 0.0, 101.0, True),  # the reconciler's
-        (rec("LaunchFailed", "", 50.0), False, 0.0, 0.0, 101.0, True),
-        (rec("Running", "", 100.5), False, 0.0, 0.0, 101.0, True),  # status changed after the observation
-        (rec("Running", "", 50.0), False, 0.0, 0.0, 101.0, False),
-        (rec("Rebooting", "reboot did not bring it back", 50.0), False, 0.0, 0.0, 1000.0, False),
+    "recorded,last_done,now,blocked",
+    [  # never twice at once, and backing off: the runtime's (the node's key; test_runtime.py)
+        (None, 0.0, 101.0, False),
+        (None, 100.5, 101.0, True),  # stale: taken before the last action ended
+        (rec("DeepHealthCheckInProgress", "", 50.0), 0.0, 101.0, True),
+        (rec("ShuttingDown", "", 50.0), 0.0, 101.0, True),
+        (rec("Rebooting", "rebooting: x", 90.0), 0.0, 101.0, True),  # another process acts
+        (rec("Replacing", "replacing: x", 90.0), 0.0, 101.0, True),
+        (rec("Rebooting", "rebooting: x", 90.0), 0.0, 1000.0, False),  # a leftover
+        (rec("Launching", "", 50.0), 0.0, 101.0, True),  # the reconciler's
+        (rec("LaunchFailed", "", 50.0), 0.0, 101.0, True),
+        (rec("Running", "", 100.5), 0.0, 101.0, True),  # status changed after the observation
+        (rec("Running", "", 50.0), 0.0, 101.0, False),
+        (rec("Rebooting", "reboot did not bring it back", 50.0), 0.0, 1000.0, False),
         # this watcher's own reboot failed (left Rebooting at 90, ended at 95): not an owner any more
-        (rec("Rebooting", "rebooting: x", 90.0), False, 95.0, 0.0, 101.0, False),
-        (rec("Replacing", "replacing: x", 90.0), False, 95.0, 0.0, 101.0, False),
-        (rec("Rebooting", "rebooting: x", 96.0), False, 95.0, 0.0, 101.0, True),  # a newer one: someone else's
+        (rec("Rebooting", "rebooting: x", 90.0), 95.0, 101.0, False),
+        (rec("Replacing", "replacing: x", 90.0), 95.0, 101.0, False),
+        (rec("Rebooting", "rebooting: x", 96.0), 95.0, 101.0, True),  # a newer one: someone else's
     ],
 )
-def test_guard(recorded, busy, last_done, retry_at, now, blocked):
-    assert (guard(seen(), recorded, busy, last_done, retry_at, now) is not None) == blocked
+def test_guard(recorded, last_done, now, blocked):
+    assert (guard(seen(), recorded, last_done, now) is not None) == blocked
 
 
 @pytest.mark.parametrize(
@@ -165,17 +165,24 @@ def test_watcher_never_acts_twice_on_a_node_at_once():
         return True
 
     w = RecoveryWatcher(_Env(), "x", act=act)
+    w.keys = ()  # the poll is the test's
+    rt = Runtime(None, "x")
+    rt.add(w)
+    rt.start()
     for _ in range(3):
         w.consider(seen(), True, None)
     w.consider(Seen("cpu-2", "worker", "died", "ok", 100.0, "died"), True, None)  # another node: concurrently
-    for t in list(w._busy.values()):
-        t.join(0.5)  # both still blocked on the gate: they have started, and only once each
+    t0 = time.monotonic()
+    while len(calls) < 2 and time.monotonic() - t0 < 3:
+        time.sleep(0.01)
+    time.sleep(0.2)  # both still blocked on the gate: they have started, and only once each
     assert sorted(calls) == [(Action.RECOVER, "cpu-1"), (Action.RECOVER, "cpu-2")]
     gate.set()
-    for t in list(w._busy.values()):
-        t.join(5)
+    assert rt.idle("recovery", 5)
     w.consider(seen(at=50.0), True, None)  # observed before the action ended: stale
+    assert rt.idle("recovery", 5)
     assert len(calls) == 2
+    rt.shutdown()
 
 
 def test_absent_becomes_lost_only_after_a_while():

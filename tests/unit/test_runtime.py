@@ -155,3 +155,120 @@ def test_an_event_that_a_controller_fails_on_leaves_the_stream_to_the_others():
     until(lambda: c.runs.count("b") == 2)
     rt.shutdown()
     assert len([e for e in log.events if "fussy, on a Docker event" in e]) == 1
+
+
+# -- a controller's workers (controller-runtime's MaxConcurrentReconciles) ------------------
+class Gated(Controller):
+    """Each reconcile waits for its key's gate; records who ran when, and the most keys and
+    the most runs of one key at once."""
+
+    kind = "gated"
+    keys = ()
+    workers = 2
+
+    def __init__(self, outcomes=None):
+        self.lock = threading.Lock()
+        self.gates: dict[str, threading.Event] = {}
+        self.now: dict[str, int] = {}
+        self.most_keys = self.most_of_one = 0
+        self.runs: list[str] = []
+        self.outcomes = outcomes or {}
+
+    def gate(self, key):
+        with self.lock:
+            return self.gates.setdefault(key, threading.Event())
+
+    def reconcile(self, key):
+        with self.lock:
+            self.runs.append(key)
+            self.now[key] = self.now.get(key, 0) + 1
+            self.most_keys = max(self.most_keys, sum(1 for v in self.now.values() if v))
+            self.most_of_one = max(self.most_of_one, self.now[key])
+        try:
+            self.gate(key).wait(3)
+            out = self.outcomes.get(key)
+            if isinstance(out, BaseException):
+                raise out
+            return out or Result()
+        finally:
+            with self.lock:
+                self.now[key] -= 1
+
+
+def test_two_keys_of_one_controller_run_at_once_with_two_workers():
+    c = Gated()
+    rt = Runtime(Log(), "lab")
+    rt.add(c)
+    rt.start()
+    rt.enqueue("gated", "node:a")
+    rt.enqueue("gated", "node:b")
+    until(lambda: c.most_keys == 2)  # both inside reconcile, neither gate open
+    c.gate("node:a").set()
+    c.gate("node:b").set()
+    assert rt.idle("gated", 3)
+    rt.shutdown()
+    assert sorted(c.runs) == ["node:a", "node:b"]
+
+
+def test_one_worker_runs_one_key_at_a_time():
+    c = Gated()
+    c.workers = 1
+    rt = Runtime(Log(), "lab")
+    rt.add(c)
+    rt.start()
+    rt.enqueue("gated", "node:a")
+    rt.enqueue("gated", "node:b")
+    until(lambda: len(c.runs) == 1)
+    time.sleep(0.1)
+    assert len(c.runs) == 1  # the other waits for the one thread
+    c.gate("node:a").set()
+    c.gate("node:b").set()
+    assert rt.idle("gated", 3) and c.most_keys == 1
+    rt.shutdown()
+
+
+def test_a_key_never_runs_on_two_threads_and_one_enqueued_while_it_runs_runs_again_after():
+    c = Gated()
+    c.workers = 4
+    rt = Runtime(Log(), "lab")
+    rt.add(c)
+    rt.start()
+    rt.enqueue("gated", "node:a")
+    until(lambda: c.runs == ["node:a"])
+    for _ in range(5):  # while it runs: once more after it, never beside it
+        rt.enqueue("gated", "node:a")
+        rt.wake("gated")
+    assert not rt.offer("gated", "node:a")  # an observer's offer: it runs (or waits) already
+    time.sleep(0.1)
+    assert c.runs == ["node:a"] and c.most_of_one == 1
+    c.gate("node:a").set()
+    until(lambda: c.runs == ["node:a", "node:a"])
+    assert rt.idle("gated", 3)
+    time.sleep(0.05)
+    assert c.runs == ["node:a", "node:a"] and c.most_of_one == 1
+    assert rt.offer("gated", "node:a")  # idle: an offer runs it
+    until(lambda: len(c.runs) == 3)
+    rt.shutdown()
+
+
+def test_with_workers_a_bug_parks_only_its_key_and_a_failure_backs_off_only_its_key():
+    log = Log()
+    c = Gated({"node:bad": ZeroDivisionError("x"), "node:flaky": Result.backoff()})
+    c.backoff = (30.0,)
+    for k in ("node:bad", "node:flaky", "node:good"):
+        c.gate(k).set()
+    rt = Runtime(log, "lab")
+    rt.add(c)
+    rt.start()
+    for k in ("node:bad", "node:flaky", "node:good"):
+        rt.enqueue("gated", k)
+    assert rt.idle("gated", 3)
+    assert rt.parked("gated") == {"node:bad"}
+    assert 25.0 < rt.due_in("gated", "node:flaky") <= 30.0 and rt.failures("gated", "node:flaky") == 1
+    assert rt.due_in("gated", "node:good") is None and rt.failures("gated", "node:good") == 0
+    bug = [e for e in log.events if "internal error in gated of node:bad" in e]
+    assert len(bug) == 1
+    rt.enqueue("gated", "node:good")
+    assert rt.idle("gated", 3)
+    assert c.runs.count("node:good") == 2 and c.runs.count("node:bad") == 1
+    rt.shutdown()
