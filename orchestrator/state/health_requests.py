@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .operations import OperationKind, OperationStatus
+from .statuses import Attempt, CheckState
 from .store import Store, iso
 from .transitions import ACTIVE, RequestState, expected, request_edge
 
@@ -65,8 +66,8 @@ class Result:
     node: str
     group: str
     check: str
-    attempt: str  # initial, after-reboot, after-replace, on-start
-    state: str  # Waiting, Running, Passed, Failed, Skipped
+    attempt: Attempt
+    state: CheckState
     started: float | None = None
     ended: float | None = None
     reasons: list[str] = field(default_factory=list)
@@ -240,7 +241,10 @@ class Records:
             (rid,),
         )
         return [
-            Result(r[0], r[1], r[2], r[3], r[4], r[5], r[6], json.loads(r[7]), json.loads(r[8]), r[9]) for r in rows
+            Result(
+                r[0], r[1], r[2], Attempt(r[3]), CheckState(r[4]), r[5], r[6], json.loads(r[7]), json.loads(r[8]), r[9]
+            )
+            for r in rows
         ]
 
 

@@ -38,3 +38,28 @@ class RequestState(StrEnum):
     COMPLETED = "Completed"  # ran to its end: the verdicts are recorded (passed or not)
     FAILED = "Failed"  # the request itself failed (not its checks): its worker died, bad options, an error
     CANCELLED = "Cancelled"
+
+
+class CheckState(StrEnum):
+    """One check's result on one node in a request (and a node's final outcome in it)."""
+
+    WAITING = "Waiting"
+    RUNNING = "Running"
+    PASSED = "Passed"
+    FAILED = "Failed"
+    SKIPPED = "Skipped"  # not checked: busy, drained by someone else, or gone
+    ERROR = "Error"  # an internal error, or a check the kernel killed: not judged
+
+
+class Attempt(StrEnum):
+    """Which run of a check a result is: the request's first, or after a reboot or a
+    replacement of the node."""
+
+    INITIAL = "initial"
+    AFTER_REBOOT = "after-reboot"
+    AFTER_REPLACE = "after-replace"
+
+    @classmethod
+    def after(cls, action: str) -> Attempt:
+        """The re-check after recovery `action` (reboot or replace)."""
+        return cls(f"after-{action}")

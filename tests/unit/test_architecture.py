@@ -449,14 +449,29 @@ def test_labels_are_spelled_only_in_naming() -> None:
 
 
 # The words a node phase shares with other statuses, each with its reason.
-PHASE_WORDS_ELSEWHERE = {
-    ("health/requests/runner.py", "Running"): "a health-check request's or result's state",
-}
+PHASE_WORDS_ELSEWHERE: dict[tuple[str, str], str] = {}
 
 
 def test_node_phases_and_statuses_are_spelled_only_in_phases() -> None:
     words = {p.value for p in Phase} | {s.value for s in InstanceStatus}
     assert _offenders(lambda s: s in words, "state/phases.py", PHASE_WORDS_ELSEWHERE) == []
+
+
+def test_health_check_results_are_the_enums_not_strings() -> None:
+    """A check's state and attempt (state/statuses.py's CheckState, Attempt) are spelled
+    only there: the health checks write and read the enums."""
+    from orchestrator.state.statuses import Attempt, CheckState
+
+    words = {s.value for s in CheckState} | {a.value for a in Attempt}
+    level = {("health/requests/runner.py", "Error")}  # an event's level, not a check's state
+    found = [
+        f"{rel(p)}:{n.lineno}: {n.value!r}"
+        for p in modules()
+        if rel(p).startswith("health/") or rel(p) == "state/health_requests.py"
+        for n in _literals(p)
+        if n.value in words and (rel(p), n.value) not in level
+    ]
+    assert found == []
 
 
 def test_phases_are_read_as_the_enum_not_as_strings() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...slurm.model import SlurmNode, is_gpu_monitor_reason, is_health_reason
+from ...state.statuses import CheckState
 
 CHECKS = ("InstanceStress", "InstanceConnectivity")
 
@@ -15,17 +16,17 @@ class Outcome:
     """A node's final result in a request: Passed, Failed, Skipped or Error (an internal
     error, or a check the kernel killed: not judged), with the words shown after it."""
 
-    result: str
+    result: CheckState
     detail: str = ""
 
     def __str__(self) -> str:
         if not self.detail:
             return self.result
-        return f"{self.result} {self.detail}" if self.result == "Passed" else f"{self.result}: {self.detail}"
+        return f"{self.result} {self.detail}" if self.passed else f"{self.result}: {self.detail}"
 
     @property
     def passed(self) -> bool:
-        return self.result == "Passed"
+        return self.result is CheckState.PASSED
 
 
 def ring_pairs(nodes: list[str]) -> list[tuple[str, str]]:

@@ -28,6 +28,7 @@ from ...slurm.model import ONSTART_REASON, SlurmNode, health_reason, is_health_r
 from ...spec.catalogue import InstanceType
 from ...state.health_requests import Records, Result, output_dir
 from ...state.phases import Phase
+from ...state.statuses import Attempt, CheckState
 from ...state.transitions import RequestState
 from ...verdict import Action, Verdict, strongest
 from ..tools.limits import CpuBudget, grant_problems
@@ -77,7 +78,7 @@ class NodeRun:
 
 
 class Engine:
-    def __init__(self, cluster: Cluster, rid: str, opts: Options, attempt: str = "initial"):
+    def __init__(self, cluster: Cluster, rid: str, opts: Options, attempt: Attempt = Attempt.INITIAL):
         self.c = cluster
         self.rid = rid
         self.opts = opts
@@ -163,16 +164,16 @@ class Engine:
 
     # -- checks -------------------------------------------------------------------------
     def _row(self, run: NodeRun, check: str) -> tuple[int, Result]:
-        r = Result(run.node, run.group, check, self.attempt, "Running", started=time.time())
+        r = Result(run.node, run.group, check, self.attempt, CheckState.RUNNING, started=time.time())
         return self.rec.result(self.rid, self.c.name, r), r
 
-    def _finish(self, row: int, r: Result, state: str, reasons: list[str], figures: dict, text: str) -> None:
-        path = self.outdir / f"{r.node}-{r.check}{'' if self.attempt == 'initial' else '-' + self.attempt}.txt"
+    def _finish(self, row: int, r: Result, state: CheckState, reasons: list[str], figures: dict, text: str) -> None:
+        path = self.outdir / f"{r.node}-{r.check}{'' if self.attempt is Attempt.INITIAL else '-' + self.attempt}.txt"
         path.write_text(text)
         r.state, r.ended, r.reasons, r.figures, r.output = state, time.time(), reasons, figures, str(path)
         self.rec.update(row, r)
-        level = {"Passed": "Info", "Failed": "Error"}.get(state, "Warning")
-        what = {"Passed": "passed", "Failed": "failed: " + "; ".join(reasons)[:300]}.get(
+        level = {CheckState.PASSED: "Info", CheckState.FAILED: "Error"}.get(state, "Warning")
+        what = {CheckState.PASSED: "passed", CheckState.FAILED: "failed: " + "; ".join(reasons)[:300]}.get(
             state, "; ".join(reasons)[:300]
         )
         self.c.store.event(
@@ -187,7 +188,7 @@ class Engine:
     def _internal_error(self, run: NodeRun, check: str, row: int, r: Result, e: BaseException) -> None:
         desc = report_bug(self.c.store, self.c.name, f"health check {check} on {run.node}", e, log, node=run.node)
         run.error = desc
-        self._finish(row, r, "Error", [f"{desc}; the node was not judged"], {}, desc)
+        self._finish(row, r, CheckState.ERROR, [f"{desc}; the node was not judged"], {}, desc)
 
     def stress_one(self, run: NodeRun, sc: sidecar.Sidecar) -> None:
         row, r = self._row(run, "InstanceStress")
@@ -205,9 +206,9 @@ class Engine:
             self.budget.release(cpus)
         if v.not_run:  # the kernel killed the check, or it had no room: the node is not judged
             run.error = v.not_run
-            self._finish(row, r, "Error", [f"{v.not_run}; the node was not judged"], v.figures, out)
+            self._finish(row, r, CheckState.ERROR, [f"{v.not_run}; the node was not judged"], v.figures, out)
             return
-        self._finish(row, r, "Passed" if v.passed else "Failed", v.reasons + notes, v.figures, out)
+        self._finish(row, r, CheckState.PASSED if v.passed else CheckState.FAILED, v.reasons + notes, v.figures, out)
         if not v.passed:
             run.failed["InstanceStress"] = v.reasons[0][:150]
 
@@ -292,7 +293,11 @@ class Engine:
         if len(everyone) < 2:
             for x in runs:
                 self._finish(
-                    *rows[x.node], "Failed", ["InstanceConnectivity needs at least 2 nodes under check"], {}, ""
+                    *rows[x.node],
+                    CheckState.FAILED,
+                    ["InstanceConnectivity needs at least 2 nodes under check"],
+                    {},
+                    "",
                 )
                 x.failed["InstanceConnectivity"] = "needs at least 2 nodes"
             return
@@ -302,7 +307,7 @@ class Engine:
             )
         except TRANSIENT as e:  # could not run: a failed check
             for x in runs:
-                self._finish(*rows[x.node], "Failed", [f"check did not run: {e}"], {}, str(e))
+                self._finish(*rows[x.node], CheckState.FAILED, [f"check did not run: {e}"], {}, str(e))
                 x.failed["InstanceConnectivity"] = str(e)[:150]
             return
         except Exception as e:  # noqa: BLE001 - a bug: not a verdict on the nodes
@@ -311,7 +316,13 @@ class Engine:
             return
         for x in runs:
             why = res.reasons.get(x.node, [])
-            self._finish(*rows[x.node], "Failed" if why else "Passed", why, res.figures.get(x.node, {}), res.output)
+            self._finish(
+                *rows[x.node],
+                CheckState.FAILED if why else CheckState.PASSED,
+                why,
+                res.figures.get(x.node, {}),
+                res.output,
+            )
             if why:
                 x.failed["InstanceConnectivity"] = why[0][:150]
 
@@ -332,12 +343,12 @@ def run_request(
         eng.rec.result(
             rid,
             cluster.name,
-            Result(n, g, "+".join(opts.checks), "initial", "Skipped", time.time(), time.time(), [why]),
+            Result(n, g, "+".join(opts.checks), Attempt.INITIAL, CheckState.SKIPPED, time.time(), time.time(), [why]),
         )
         cluster.store.event(
             cluster.name, "Instance", "Warning", f"Deep health check {rid} skipped {n}: {why}", g, node=n
         )
-        verdicts[n] = Outcome("Skipped", why)
+        verdicts[n] = Outcome(CheckState.SKIPPED, why)
     runs = [NodeRun(n, cont[n].group, cat[cont[n].itype]) for n in ready]
     if runs:
         peer_runs = [NodeRun(n, cont[n].group, cat[cont[n].itype]) for n in peers if n in cont and n not in ready]
@@ -348,14 +359,14 @@ def run_request(
     anchor = passed[:1] if failed and "InstanceConnectivity" in opts.checks else []
     done = [r for r in passed if r not in anchor]
     eng.release([r.node for r in done + errored])  # an internal error is no verdict: back into service
-    verdicts.update({r.node: Outcome("Passed") for r in done})
-    verdicts.update({r.node: Outcome("Error", r.error) for r in errored})
+    verdicts.update({r.node: Outcome(CheckState.PASSED) for r in done})
+    verdicts.update({r.node: Outcome(CheckState.ERROR, r.error) for r in errored})
     if failed and cluster.spec.NodeRecovery == "Automatic":
         failed = recover(eng, failed, anchor, verdicts)
     for r in failed:
         verdicts[r.node] = _keep(eng, r)
     eng.release([r.node for r in anchor])
-    verdicts.update({r.node: Outcome("Passed") for r in anchor})
+    verdicts.update({r.node: Outcome(CheckState.PASSED) for r in anchor})
     return verdicts
 
 
@@ -412,7 +423,7 @@ def hand_back(cluster: Cluster, rid: str, nodes: list[str], on_start: bool) -> N
 def _keep(eng: Engine, r: NodeRun) -> Outcome:
     check, why = next(iter(r.failed.items()))
     eng.keep_drained(r.node, health_reason(eng.rid, check, why))
-    return Outcome("Failed", f"{check}: {why}")
+    return Outcome(CheckState.FAILED, f"{check}: {why}")
 
 
 def recover(eng: Engine, failed: list[NodeRun], anchor: list[NodeRun], verdicts: dict[str, Outcome]) -> list[NodeRun]:
@@ -449,16 +460,16 @@ def recover(eng: Engine, failed: list[NodeRun], anchor: list[NodeRun], verdicts:
             continue
         for r in back:
             c.store.set_phase(c.name, r.node, Phase.CHECKING, f"{eng.rid}: re-check after {kind}")
-        again = Engine(c, eng.rid, eng.opts, attempt=f"after-{kind}")
+        again = Engine(c, eng.rid, eng.opts, attempt=Attempt.after(kind))
         fresh = [NodeRun(r.node, r.group, r.itype) for r in back]
         again.check(fresh, anchor)
         for r, f in zip(back, fresh, strict=True):
             if f.error:
-                verdicts[r.node] = Outcome("Error", f.error)
+                verdicts[r.node] = Outcome(CheckState.ERROR, f.error)
             elif f.failed:
                 r.failed, r.action, r.condemned = f.failed, f.action, f.condemned
             else:
-                verdicts[r.node] = Outcome("Passed", f"after {kind}")
+                verdicts[r.node] = Outcome(CheckState.PASSED, f"after {kind}")
         eng.release([f.node for f in fresh if f.error or not f.failed])
         failed = [r for r in failed if r.node not in verdicts]
     return failed

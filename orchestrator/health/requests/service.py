@@ -16,6 +16,7 @@ from ...gpu.thresholds import thresholds_checked
 from ...slurm.model import is_health_reason
 from ...state.health_requests import Records, Request, output_dir
 from ...state.phases import Phase
+from ...state.statuses import CheckState
 from ...state.store import iso
 from ...state.transitions import ACTIVE, RequestState
 from ..tools import options as option_rules
@@ -245,5 +246,5 @@ def all_passed(doc: dict[str, Any]) -> bool:
     return (
         r is not None
         and r["State"] == RequestState.COMPLETED
-        and all(v == "Passed" for v in r.get("Results", {}).values())
+        and all(v == CheckState.PASSED for v in r.get("Results", {}).values())
     )
