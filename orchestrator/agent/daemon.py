@@ -93,17 +93,6 @@ class Agent:
 
         return OnStartQueue(lambda nodes: check_new_nodes(cluster, nodes), ClusterBusy, on_error, self.runtime.enqueue)
 
-    def _image_refs(self) -> dict[str, str] | None:
-        """The node images' tags, once the engine answers: it may be restarting as the
-        agent starts (hp starts it as a create ends). None when stopped first."""
-        while not self.stop.is_set():
-            try:
-                return Cluster(self.env, self.name).images.refs(self.env.node_image_defs())
-            except TRANSIENT as e:
-                log.warning("the node images cannot be read yet: %s", e)
-                self._sleep(1)
-        return None
-
     def run(self) -> int:
         """The cluster's controllers on one runtime (orchestrator/runtime.py), until the
         cluster is gone or the agent is stopped."""
@@ -111,13 +100,10 @@ class Agent:
         if env.store.cluster(self.name) is None:  # e.g. `python -m orchestrator.agent` by hand, a typo
             log.error("cluster %r does not exist: no agent for it", self.name)
             return 2
-        images = self._image_refs()
-        if images is None:
-            return 0
         cluster = Cluster(env, self.name)
         rt = self.runtime
         onstart = self._onstart_queue()
-        rt.add(Provisioning(self, cluster, images, onstart.add))
+        rt.add(Provisioning(self, cluster, onstart.add))
         rt.add(RecoveryWatcher(env, self.name))
         if env.multihost:  # hosts lost and back (hosts/hostwatch.py)
             rt.add(HostWatch(env, self.name))
@@ -231,8 +217,9 @@ class Provisioning(Controller):
     keys = (CLUSTER,)
     backoff = (2.0,)
 
-    def __init__(self, agent: Agent, cluster: Cluster, images: dict[str, str], onstart: Callable[[str], None]):
-        self.agent, self.cluster, self.images, self.onstart = agent, cluster, images, onstart
+    def __init__(self, agent: Agent, cluster: Cluster, onstart: Callable[[str], None]):
+        self.agent, self.cluster, self.onstart = agent, cluster, onstart
+        self.images: dict[str, str] | None = None  # the node images' tags, read by the first pass
         self.release = cluster.spec.release  # the images' (hp upgrade changes the cluster's)
         self.recs: dict[str, GroupReconciler] = {}
         self.groups: list[str] = []
@@ -260,13 +247,16 @@ class Provisioning(Controller):
             log.info("cluster is %s: agent exits", row.status if row else "gone")
             self.agent.stop.set()
             return Result()
-        if row.updated != self.last_updated:
-            self.last_updated = row.updated
+        if row.updated != self.last_updated or self.images is None:
             self.cluster.reload()
-            if self.cluster.spec.release != self.release:  # upgraded: nodes launched from now on run the new one
-                self.release = self.cluster.spec.release
+            if self.images is None or self.cluster.spec.release != self.release:
+                # the first pass, or upgraded (nodes launched from now on run the new release); the
+                # engine may be restarting as the agent starts (hp starts it as a create ends):
+                # its error is the runtime's backoff, groups wait for the tags
                 self.images = self.cluster.images.refs(env.node_image_defs())
+                self.release = self.cluster.spec.release
                 self.recs.clear()
+            self.last_updated = row.updated
             groups = [g.InstanceGroupName for g in self.cluster.spec.InstanceGroups if g.node_type != "Controller"]
             for g in set(self.groups) - set(groups):
                 rt.forget(self.kind, g)
@@ -291,6 +281,8 @@ class Provisioning(Controller):
             self._snodes = (time.monotonic(), snodes)
         if snodes is None:  # controller down: nothing can join; recovery restarts it
             return Result(1.0)
+        if self.images is None:  # not read yet: the cluster's key enqueues every group once it is
+            return Result()
         rec = self.recs.setdefault(
             group, GroupReconciler(self.cluster, group, Launcher(self.cluster, self.images), self.onstart)
         )

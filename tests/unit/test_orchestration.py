@@ -552,7 +552,7 @@ def test_agent_bug_in_a_group_is_reported_once_and_that_group_left_alone(tmp_pat
     make(w)
     agent = Agent(w.env, "lab")
     c = Cluster(w.env, "lab")
-    prov = Provisioning(agent, c, w.env.images(DEFAULT).refs(), lambda node: None)
+    prov = Provisioning(agent, c, lambda node: None)
     rt = agent.runtime
     rt.add(prov)
     rt.run_once(prov, CLUSTER)  # the spec read: every group's key queued
