@@ -33,7 +33,7 @@ images: venv docker
 	$(HP) images build
 
 # every other Slurm release's images too, for the tests (tests/e2e/test_upgrade.py starts a
-# cluster on 24.11 and upgrades it; HP_TEST_SLURM=24.11 runs the e2e suite on it)
+# cluster on 24.11 and upgrades it; make e2e runs the tests marked `releases` on each other release)
 images-all: images
 	@for r in $$($(PY) -c 'from orchestrator.releases import DEFAULT, RELEASES; print(*(r for r in RELEASES if r != DEFAULT))'); do \
 		echo "$(HP) images build --slurm $$r"; $(HP) images build --slurm $$r || exit 1; done
@@ -58,10 +58,12 @@ unit: venv
 	$(PY) -m pytest tests/unit -q -n 2 --cov=orchestrator --cov-report=term --cov-fail-under=$(COVERAGE_MIN) $(PYTEST_ARGS)
 
 # e2e and fault tests on E2E_WORKERS xdist workers (tests that share a module's cluster are one
-# xdist_group), then the `serial` ones alone (the engine restart disturbs every other test)
+# xdist_group), beside them the tests marked `releases` on every other Slurm release
+# (OTHER_WORKERS workers), then the `serial` ones alone (the engine restart disturbs every other
+# test): scripts/e2e.sh
+OTHER_WORKERS ?= 2
 e2e: images-all
-	$(PY) -m pytest tests/e2e tests/faults -v --durations=25 -n $(E2E_WORKERS) --dist loadgroup -m "not serial" $(PYTEST_ARGS)
-	$(PY) -m pytest tests/e2e tests/faults -v -m serial $(PYTEST_ARGS)
+	@PY=$(PY) E2E_WORKERS=$(E2E_WORKERS) OTHER_WORKERS=$(OTHER_WORKERS) PYTEST_ARGS="$(PYTEST_ARGS)" bash scripts/e2e.sh
 
 # the long fault campaign (by hand): HP_FAULT_POINTS=200 make faults
 faults: images

@@ -86,6 +86,7 @@ done
 """
 
 
+@pytest.mark.releases
 def test_sacct_shows_state_and_exit_code_within_2_s_of_the_end(lab: tuple[Hp, str]) -> None:
     h, name = lab
     rows = [line.split() for line in sh(h, name, SACCT_AFTER_END).splitlines() if line.strip()]
@@ -161,6 +162,7 @@ def test_containers_on_the_clusters_network_reask_arp_every_50_ms(lab: tuple[Hp,
         assert 40 <= ms <= 60, (c, ms)  # in the kernel's ticks (HZ=250: 52), not its default 1000
 
 
+@pytest.mark.releases
 def test_rest_with_a_token_and_401_for_bad_ones(lab: tuple[Hp, str]) -> None:
     h, name = lab
     url = h("api", name, check=True).stdout.strip()
@@ -239,6 +241,7 @@ def test_rest_with_a_token_and_401_for_bad_ones(lab: tuple[Hp, str]) -> None:
             assert key not in f.read_bytes(), f
 
 
+@pytest.mark.releases
 def test_metrics_parse_and_match_sinfo(lab: tuple[Hp, str]) -> None:
     from prometheus_client.parser import text_string_to_metric_families
 

@@ -165,6 +165,7 @@ def _fault_mid_step(lab: Lab, fault: str, tag: str) -> None:
     assert allocs == [node], allocs
 
 
+@pytest.mark.releases
 def test_a_killed_node_mid_step_is_retried_in_the_same_job_from_its_checkpoint(lab: Lab) -> None:
     _fault_mid_step(lab, "kill", "kill")
 
@@ -221,7 +222,7 @@ def _inject(lab: Lab, fault: str, node: str) -> None:
         assert r.exit_code == 0, r.output
 
 
-@pytest.mark.parametrize("fault", ["kill", "pause", "replace"])
+@pytest.mark.parametrize("fault", [pytest.param("kill", marks=pytest.mark.releases), "pause", "replace"])
 def test_a_lost_batch_host_requeues_the_job_which_resumes_from_its_checkpoint(lab: Lab, fault: str) -> None:
     _fault_on_batch_host(lab, fault, f"batch-{fault}")
 
@@ -291,6 +292,7 @@ def test_used_up_retries_fail_with_hps_reason_and_no_option_ends_as_before(lab: 
     lab.sh("scancel", str(job))
 
 
+@pytest.mark.releases
 def test_bad_values_are_refused_by_srun_with_the_plugins_message(lab: Lab) -> None:
     for bad in ("-1", "x", "1.5", "101"):
         r = lab.hp("exec", lab.name, "--", "srun", f"--auto-resume={bad}", "true", timeout=60)

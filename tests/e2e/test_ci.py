@@ -15,7 +15,9 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from conftest import ROOT, Hp, small_spec, write_spec
+from conftest import ROOT, TEST_SLURM, Hp, small_spec, write_spec
+
+RELEASE = ("--slurm", TEST_SLURM) if TEST_SLURM else ()  # hp images key/save of the release under test
 
 SCHEMAS = ROOT / "schemas"
 VENV_BIN = Path(os.environ.get("VIRTUAL_ENV") or ROOT / ".venv") / "bin"
@@ -170,18 +172,19 @@ def saved_images(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Pat
         pytest.skip("no Docker engine")
     d = tmp_path_factory.mktemp("hp-images")
     h = Hp(tmp_path_factory.mktemp("hphome"))
-    r = h("images", "save", str(d), "--json", check=True, timeout=300)
+    r = h("images", "save", str(d), *RELEASE, "--json", check=True, timeout=300)
     yield d, json.loads(r.stdout)
     shutil.rmtree(d, ignore_errors=True)
 
 
+@pytest.mark.releases
 @pytest.mark.xdist_group("saved-images")  # one module-scoped save, one worker
 def test_action_and_example_workflow(hp: Hp, tmp_path: Path, saved_images: tuple[Path, dict[str, Any]]) -> None:
     """action.yml's steps and the example workflow, run as a runner runs them: the image
     cache hits (key from `hp images key`), the cluster comes up, the outputs are written,
     a two-node job passes, and the always() step deletes the cluster."""
     saved_dir, _ = saved_images
-    key = hp("images", "key", check=True).stdout.strip()
+    key = hp("images", "key", *RELEASE, check=True).stdout.strip()
     store = tmp_path / "cache-store"
     (store / f"hp-images-{key}-Linux-X64").mkdir(parents=True)
     for f in saved_dir.iterdir():
@@ -192,6 +195,8 @@ def test_action_and_example_workflow(hp: Hp, tmp_path: Path, saved_images: tuple
     steps = wf["jobs"]["slurm-job"]["steps"]
     action_step = next(s for s in steps if s.get("uses") == "./")
     action_step["with"] = {**action_step["with"], "spec": str(spec), "name": name, "install": "false", "wait": "120"}
+    if TEST_SLURM:  # the release under test (make e2e runs this test on each): the Action's input
+        action_step["with"]["slurm-version"] = TEST_SLURM
     runner = Runner(tmp_path, hp.home, store)
     runner.run_steps(steps, {"github": runner.github, "runner": {"temp": runner.env["RUNNER_TEMP"]}})
     log = "\n".join(runner.log)
@@ -214,6 +219,7 @@ def _containers(name: str) -> list[Any]:
     return DockerProvider().containers(name)
 
 
+@pytest.mark.releases
 def test_submit_exit_codes_and_logs(hp: Hp, tmp_path: Path) -> None:
     name = hp.name("ci-sub")
     hp("create", "-f", str(write_spec(tmp_path / "s.json", small_spec(name))), "--timeout", "120", check=True)

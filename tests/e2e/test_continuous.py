@@ -47,6 +47,7 @@ def group_containers(name, group):
     return [c for c in DockerProvider().containers(name) if c.labels.get("io.hp.group") == group]
 
 
+@pytest.mark.releases
 def test_shortage_in_one_group_continuous(hp, tmp_path, types):
     ta, tb = types
     name = hp.name("cs")
@@ -159,6 +160,7 @@ def test_container_exiting_at_start_is_retried_until_fixed(hp, tmp_path, types):
             pass
 
 
+@pytest.mark.releases
 def test_concurrent_scaling_one_group_short(hp, tmp_path, types):
     ta, tb = types
     name = hp.name("sc")

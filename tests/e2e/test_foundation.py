@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from orchestrator.core.agentlock import holder
 from orchestrator.docker.engine import DockerEngine as DockerProvider
 from tests.conftest import ROOT, small_spec, write_spec
@@ -20,6 +22,7 @@ def leftovers(name: str) -> tuple[list, list, list]:
     return p.containers(name), p.networks(name), p.volumes(name)
 
 
+@pytest.mark.releases
 def test_default_cluster_end_to_end(hp, tmp_path):
     name = hp.name("found")
     r = hp("create", "--name", name, "--json", check=True)

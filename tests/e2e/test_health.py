@@ -45,6 +45,7 @@ def results(req: dict) -> dict[str, list[dict]]:
     return {n["Node"]: n["Checks"] for g in req["InstanceGroups"] for n in g["Nodes"]}
 
 
+@pytest.mark.releases
 def test_healthy_group_passes_and_other_group_runs_undisturbed(hp, tmp_path):
     name = create(hp, tmp_path, [("cpu", "cpu.nano", 3), ("other", "cpu.nano", 1)])
     job = hp(

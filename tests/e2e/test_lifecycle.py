@@ -9,6 +9,8 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from orchestrator.docker.engine import DockerEngine as DockerProvider
 from tests.conftest import small_spec, wait_until, write_spec
 
@@ -69,6 +71,7 @@ def events(hp, name: str) -> list[str]:
     return [e["Description"] for e in hp.json("events", name)["Events"]]
 
 
+@pytest.mark.releases
 def test_script_runs_on_every_node_before_slurm_with_its_facts_and_again_after_replace(hp, tmp_path):
     name = hp.name("lc")
     lc_folder(tmp_path)

@@ -15,6 +15,7 @@ Resources: names start with HP_DIND_PREFIX (default hpdind-); all removed at the
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 import time
@@ -26,9 +27,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Hp, write_spec
+from conftest import Hp, slurm_release, write_spec
 
 from orchestrator.docker.multihost import PING_TIMEOUT_S
+from orchestrator.releases import SlurmRelease
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hosts.dind import Harness, Host, Unsupported  # noqa: E402
@@ -301,7 +303,6 @@ def test_instance_connectivity_across_hosts_and_a_host_whose_overlay_is_cut(lab:
 
 
 USER_BOUND_S = 3.0  # each hp command while a host is down (issue 24)
-SLACK_S = 1.5  # the suite's other workers' load on a command run after the kill (see its assertion)
 SRUN_BOUND_S = 20.0  # kill -> srun over every compute node works, as the user sees it
 
 
@@ -375,9 +376,7 @@ def test_docker_kill_of_host_3_brings_its_nodes_back_on_the_others(lab: Lab) -> 
     # one CI run saw all-up nodes 1.08/1.44/3.58 s, then 1.15/3.77/3.72 s with h3 dead);
     # and none of them near a stall (docker-py's 60 s): within the slowest floor + both bounds
     median = {k: sorted(v)[len(v) // 2] for k, v in took.items()}
-    # + SLACK_S: two clean-clone runs of 2026-12-07 (4 workers) saw medians 5.07 s (hp nodes, floor max
-    # 2.05 s) and 5.21 s (hp describe, 2.64 s) against floor + timeout; two others passed (to look into)
-    over = {k: v for k, v in median.items() if v >= max(USER_BOUND_S, floors[k][-1] + PING_TIMEOUT_S + SLACK_S)}
+    over = {k: v for k, v in median.items() if v >= max(USER_BOUND_S, floors[k][-1] + PING_TIMEOUT_S)}
     stalled = {k: v for k, v in slowest.items() if v >= floors[k][-1] + PING_TIMEOUT_S + USER_BOUND_S}
     assert not over and not stalled, (over, stalled, floors, took)
     assert srun < SRUN_BOUND_S
@@ -465,3 +464,36 @@ def test_delete_leaves_nothing_on_any_host(lab: Lab) -> None:
     for i in (1, 2, 3):
         assert lab.labelled(i, NAME) == {"containers": [], "networks": [], "volumes": []}, i
     lab.made.remove(NAME)
+
+
+def test_the_other_slurm_release_runs_across_the_hosts(lab: Lab, tmp_path: Path) -> None:
+    """Several hosts on the release the rest of the module does not run (issue 48: every
+    feature on both releases); its images streamed to each host as the default's were."""
+    other = next(r for r in SlurmRelease if r is not slurm_release()).value
+    hp, name = lab.hp, "mhother"
+    lab.made.append(name)
+    t0 = time.monotonic()
+    hp(
+        "create",
+        "-f",
+        str(write_spec(tmp_path / "o.json", spec(name, 3))),
+        "--slurm",
+        other,
+        "--timeout",
+        "300",
+        check=True,
+    )
+    took = time.monotonic() - t0
+    hosts = {v["Host"] for n, v in lab.nodes(name).items() if n.startswith("cpu")}
+    assert len(hosts) >= 2, hosts
+    r = hp("exec", name, "--", "srun", "-N3", "hostname", check=True)
+    assert len(set(r.stdout.split())) == 3, r.stdout
+    versions = hp("exec", name, "--", "scontrol", "show", "nodes", check=True).stdout
+    found = re.findall(r"Version=(\d+\.\d+)", versions)
+    assert found and set(found) == {other}, found
+    assert hp.json("describe", name)["SlurmVersion"] == other
+    hp("delete", name, check=True)
+    for i in (1, 2, 3):
+        assert lab.labelled(i, name) == {"containers": [], "networks": [], "volumes": []}, i
+    lab.made.remove(name)
+    print(f"\nSlurm {other} over {len(hosts)} hosts: create of 1+1+3 (its images streamed) {took:.1f} s")

@@ -119,6 +119,7 @@ def node_row(hp: Hp, name: str, node: str) -> dict[str, Any]:
     return next(n for n in doc["ClusterNodeSummaries"] if n["SlurmNodeName"] == node)
 
 
+@pytest.mark.releases
 def test_killed_worker_and_dead_slurmd_come_back(hp: Hp, cluster: Callable[..., str], docker_client: Any) -> None:
     name = cluster(workers=2)
     old_id, started = ctr(docker_client, name, "cpu-1").id, started_at(docker_client, name, "cpu-1")

@@ -46,6 +46,7 @@ def test_python_venv_on_login_and_compute_nodes(hp, tmp_path):
     assert "host cpu-1" in compute, compute
 
 
+@pytest.mark.releases
 def test_mounted_folder_is_shared_by_host_login_and_compute_nodes(hp, tmp_path):
     name = hp.name("mnt")
     shared = tmp_path / "checkout"
@@ -171,6 +172,7 @@ def test_bad_mounts_and_packages_create_nothing(hp, tmp_path):
     assert hp.json("list")["ClusterSummaries"] == []
 
 
+@pytest.mark.releases
 def test_node_packages_are_built_once_and_reused(hp, tmp_path):
     # jq is not in hp's images; the derived image is keyed by hp's image and the list
     names = [hp.name("pkg"), hp.name("pkg")]

@@ -39,7 +39,6 @@ from orchestrator.runtime import Runtime
 from orchestrator.spec.catalogue import load_catalogue
 from orchestrator.spec.model import validate
 
-
 HOST_RETRY_S = mh.RETRY_S  # the real one (the fixture below zeroes it)
 
 
