@@ -176,9 +176,10 @@ def floor(n: int, itype: str = "bench.tiny") -> float:
 FLOOR_DOCKER_S: list[float] = []
 
 
-def first_job_floor() -> float:
+def first_job_floor(release: str = DEFAULT.value) -> float:
     """Seconds from nothing to the first successful `srun -N4` on the default cluster
-    (accounting on, hp's DEFAULT_SPEC and catalogue) with plain docker-py: the same images,
+    (accounting on, hp's DEFAULT_SPEC and catalogue) of Slurm `release` (hp's default unless
+    told) with plain docker-py: the same images,
     slurm.conf, slurmdbd.conf, database SQL, limits and volumes (the database's and
     slurmctld's state; /home shared by the nodes) as hp's, no orchestration. The fastest
     order found (3 runs each, first srun, when the database and slurmdbd had a container
@@ -199,9 +200,9 @@ def first_job_floor() -> float:
     p = DockerProvider()
     cat = load_catalogue()
     name = f"floorjob{secrets.token_hex(3)}"
-    spec = validate({**DEFAULT_SPEC, "ClusterName": name}, cat)
+    spec = validate({**DEFAULT_SPEC, "ClusterName": name, "SlurmVersion": release}, cat)
     assert spec.accounting, "the default cluster has accounting on"
-    imgs = Images(p, DEFAULT).refs(image_sets.NODE_IMAGES)
+    imgs = Images(p, spec.release).refs(image_sets.NODE_IMAGES)
     conf = render(spec, cat).encode()
     key, password = secrets.token_bytes(64), secrets.token_hex(16)
     net = f"floor-{name}"

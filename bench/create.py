@@ -69,13 +69,17 @@ def hp_create(n: int, home: str) -> float:
     return dt
 
 
-def first_srun(home: str) -> tuple[float, list[tuple[float, str, str]]]:
-    """The default cluster (accounting on, the default): seconds from `hp create` starting
-    to the first successful `srun -N4`, and the create's critical path (critical_path)."""
+def first_srun(
+    home: str, name: str = "benchdefault", release: str | None = None
+) -> tuple[float, list[tuple[float, str, str]]]:
+    """The default cluster (accounting on, the default), named `name`, of Slurm `release`
+    (hp's default unless told): seconds from `hp create` starting to the first successful
+    `srun -N4`, and the create's critical path (critical_path)."""
     env = bench_env(home)
     wall0, t0 = time.time(), time.monotonic()
+    slurm = ["--slurm", release] if release else []
     proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.cli", "create", "--name", "benchdefault"],
+        [sys.executable, "-m", "orchestrator.cli", "create", "--name", name, *slurm],
         env=env,
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
@@ -88,7 +92,7 @@ def first_srun(home: str) -> tuple[float, list[tuple[float, str, str]]]:
     returned = time.monotonic() - t0
     while True:
         r = subprocess.run(
-            [sys.executable, "-m", "orchestrator.cli", "exec", "benchdefault", "--", "srun", "-N4", "hostname"],
+            [sys.executable, "-m", "orchestrator.cli", "exec", name, "--", "srun", "-N4", "hostname"],
             env=env,
             cwd=ROOT,
             capture_output=True,
@@ -98,8 +102,8 @@ def first_srun(home: str) -> tuple[float, list[tuple[float, str, str]]]:
             break
         time.sleep(0.1)
     dt = time.monotonic() - t0
-    path = critical_path("benchdefault", wall0, stages, returned, dt)
-    hp(env, "delete", "benchdefault")
+    path = critical_path(name, wall0, stages, returned, dt)
+    hp(env, "delete", name)
     return dt, path
 
 
