@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from orchestrator.core.context import Env
+from orchestrator.docker.engine import prepare_one_engine
 from orchestrator.docker.views import (
     LOCAL_ENGINE,
     Container,
@@ -168,6 +169,22 @@ class FakeProvider:
         return {}
 
     def prepare_images(self, refs: list[str], log: Callable[[str], None]) -> None:
+        pass
+
+    # the runtime's part of a cluster: one engine (DockerEngine's answers)
+    places_nodes = False
+    reaches_addresses = True
+
+    def cluster_images(self) -> tuple[str, ...]:
+        return ()
+
+    def node_image(self, role: str) -> str:
+        return role
+
+    def prepare_cluster(self, cluster: str, labels: dict[str, str], encrypted: bool, accounting: bool) -> None:
+        prepare_one_engine(self, cluster, labels, encrypted, accounting)
+
+    def place(self, spec: ContainerSpec, cluster: str, role: str, host: str) -> None:
         pass
 
     # -- networks, volumes

@@ -105,7 +105,7 @@ class Agent:
         onstart = self._onstart_queue()
         rt.add(Provisioning(self, cluster, onstart.add))
         rt.add(RecoveryWatcher(env, self.name))
-        if env.multihost:  # hosts lost and back (hosts/hostwatch.py)
+        if env.provider.places_nodes:  # hosts lost and back (hosts/hostwatch.py)
             rt.add(HostWatch(env, self.name))
         rt.add(ServiceWatch(env, self.name))
         if has_gpus(cluster.spec, env.catalogue):  # passive GPU monitoring (agent/gpuwatch.py)

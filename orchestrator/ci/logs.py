@@ -105,7 +105,7 @@ def export_logs(env: Env, name: str, directory: Path, log: Log = lambda s: None)
         health = _health_results(env, name)
         if health:
             w.json("health-checks.json", health)
-        if env.multihost:  # where each node was placed, and which hosts answered
+        if p.places_nodes:  # where each node was placed, and which hosts answered
             w.json(
                 "hosts.json",
                 {"Placements": env.store.node_hosts(name), "Unreachable": p.unreachable(), "Hosts": list(p.engines())},

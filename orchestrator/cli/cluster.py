@@ -106,7 +106,7 @@ def dry_run_check(e: Any, spec: Any, catalogue: Mapping) -> None:
     gpu = has_gpus(spec, catalogue)
     if e is None and hosts_registered():
         e = env()  # the registered hosts' capacity
-    if e is not None and e.multihost:
+    if e is not None and e.provider.places_nodes:
         try:
             problems = placement_problems(e, spec) or capacity_problems(e, spec, None, catalogue)
         except EngineUnavailable:
@@ -223,7 +223,7 @@ def nodes(
     if json_out:
         out.json(doc)
         return
-    hosts = e.multihost  # with registered hosts, the host each node runs on
+    hosts = e.provider.places_nodes  # with registered hosts, the host each node runs on
     out.table(
         None,
         ["NODE", "GROUP", "TYPE", "STATUS", "SLURM", *(["HOST"] if hosts else []), "NODE ID", "MESSAGE"],

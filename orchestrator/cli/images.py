@@ -57,16 +57,14 @@ def build(
     json_out: bool = JsonOpt,
 ) -> None:
     """Build one Slurm release's node and check images (nothing is rebuilt when nothing changed)."""
-    from ..docker.images import ALL_IMAGES, GPU_IMAGES, MULTIHOST_IMAGES
+    from ..docker.images import ALL_IMAGES, GPU_IMAGES, cluster_images
 
     packages, release = spec_inputs(spec_file, slurm)
     e = env()
     e.provider.image_source().ping()
     out = Out(json_out)
     images = e.images(release)
-    refs = images.build(
-        ALL_IMAGES + (MULTIHOST_IMAGES if e.multihost else ()) + (GPU_IMAGES if gpu else ()), log=out.info
-    )
+    refs = images.build(ALL_IMAGES + cluster_images(e.provider) + (GPU_IMAGES if gpu else ()), log=out.info)
     derived = images.build_packages(refs, packages, log=out.info)
     refs.update({f"{n}-pkgs": r for n, r in derived.items() if r != refs[n]})
     if json_out:
@@ -80,10 +78,10 @@ def list_(json_out: bool = JsonOpt) -> None:
     """Show hp's images of every Slurm release, the tag their inputs hash to now, and whether it is built."""
     e = env()
     e.provider.image_source().ping()
-    from ..docker.images import MULTIHOST_IMAGES
+    from ..docker.images import cluster_images
     from ..releases import SlurmRelease
 
-    rows = [r for rel in SlurmRelease for r in e.images(rel).status(MULTIHOST_IMAGES if e.multihost else ())]
+    rows = [r for rel in SlurmRelease for r in e.images(rel).status(cluster_images(e.provider))]
     out = Out(json_out)
     if json_out:
         out.json({"Images": rows})

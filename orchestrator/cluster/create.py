@@ -45,11 +45,6 @@ from ..gpu.thresholds import thresholds_checked
 from ..naming import (
     L_HOME,
     container_name,
-    database_volume,
-    labels,
-    network_name,
-    shared_volume,
-    state_volume,
     user_ids,
 )
 from ..services.accounting import CreateServices, controller_files, forget_secrets
@@ -122,13 +117,14 @@ def has_gpus(spec: ClusterSpec, catalogue: Mapping) -> bool:
     return capacity.wants_gpus(catalogue, (g.InstanceType for g in spec.InstanceGroups))
 
 
-def image_defs(spec: ClusterSpec, catalogue: Mapping | None = None, multihost: bool = False) -> tuple:
+def image_defs(spec: ClusterSpec, catalogue: Mapping | None = None, extra: tuple = ()) -> tuple:
     """The node images; the check images when a group checks new nodes on start; the
     GPU check image (checks and the passive GPU monitor) when a group has GPUs; slurmrestd's
-    (Rest; Accounting runs in the controller's image); with registered hosts, the
-    /home-mounting node image and the file server."""
+    (Rest; Accounting runs in the controller's image); `extra`: those the provider's
+    clusters need (docker/images.cluster_images: with registered hosts, the /home-mounting
+    node image and the file server)."""
     defs = image_sets.NODE_IMAGES + tuple(d for d in image_sets.SERVICE_IMAGES if d.name == "rest" and spec.rest)
-    defs += image_sets.MULTIHOST_IMAGES if multihost else ()
+    defs += extra
     defs += image_sets.CHECK_IMAGES if any(g.OnStartDeepHealthChecks for g in spec.InstanceGroups) else ()
     return defs + (image_sets.GPU_IMAGES if catalogue is not None and has_gpus(spec, catalogue) else ())
 
@@ -175,27 +171,26 @@ def create(env: Env, spec: ClusterSpec, opts: CreateOptions, progress: Progress 
     # fixed from now on (slurm.conf): the node slots, and whether the services run
     spec = spec.model_copy(update={"MaxNodeCount": spec.max_nodes}).with_services_fixed()
     problems = placement_problems(env, spec)
-    if opts.encrypt_network and not env.multihost:
+    if opts.encrypt_network and not env.provider.places_nodes:
         problems.append("--encrypt-network: a cluster on one engine has no traffic between hosts (hp hosts add)")
     if problems := problems or capacity_problems(env, spec):
         raise BadInput(problems, "cannot create")
     if has_gpus(spec, env.catalogue):
         thresholds_checked()  # a bad thresholds file is bad input: refused before anything is made
-    if env.multihost:  # a host that cannot run the nodes is refused before any image is built
-        progress.stage("hosts", "probing what nodes need on every host")
-        if problems := host_problems(env, lambda s: progress.stage("hosts", s)):
-            raise BadInput(problems, "cannot create")
+    # a registered host that cannot run the nodes is refused before any image is built
+    if problems := host_problems(env, lambda s: progress.stage("hosts", s)):
+        raise BadInput(problems, "cannot create")
     progress.stage("images", "checking node images")
     images = env.images(spec.release).build(
-        image_defs(spec, env.catalogue, env.multihost), log=lambda s: progress.stage("images", s)
+        image_defs(spec, env.catalogue, image_sets.cluster_images(env.provider)),
+        log=lambda s: progress.stage("images", s),
     )
     # NodePackages: the login and compute images derived from hp's (the Launcher runs them)
     derived = env.images(spec.release).build_packages(images, spec.packages, log=lambda s: progress.stage("images", s))
-    if env.multihost:
-        progress.stage("images", "on every host")
-        # with the base image's tag (its layers travel anyway): GPU discovery probes in it
-        refs = sorted(set(images.values()) | set(derived.values()) | {env.images(spec.release).base(make=False)[0]})
-        env.provider.prepare_images(refs, lambda s: progress.stage("images", s))
+    # on every host (one engine has them already): with the base image's tag (its layers
+    # travel anyway), GPU discovery probes in it
+    refs = sorted(set(images.values()) | set(derived.values()) | {env.images(spec.release).base(make=False)[0]})
+    env.provider.prepare_images(refs, lambda s: progress.stage("images", s))
     mode = "continuous" if spec.continuous else "all-or-nothing"
     if not env.store.add_cluster(
         name, spec.model_dump(exclude_none=True), ClusterStatus.CREATING, f"{mode} provisioning"
@@ -297,16 +292,10 @@ class Creating:
         self.progress.stage("network", "network, volumes and auth key")
         # the state folder that made it: another one's `hp delete` leaves the cluster to it (delete.py)
         owner = {L_HOME: str(c.store.home.resolve())}
-        p.create_network(network_name(name), {**labels(name, "network"), **owner}, encrypted=opts.encrypt_network)
-        if c.multihost:
-            if opts.encrypt_network:
-                self.progress.stage("network", "proving the encrypted overlay carries traffic between hosts")
-                self.progress.stage("network", prove_traffic(c, self.images["worker"]))
-        else:
-            p.create_volume(state_volume(name), labels(name, "state"))
-            p.create_volume(shared_volume(name), labels(name, "shared"))
-            if c.spec.accounting:
-                p.create_volume(database_volume(name), labels(name, "database"))
+        p.prepare_cluster(name, owner, opts.encrypt_network, c.spec.accounting)
+        if opts.encrypt_network:  # with registered hosts only (refused on one engine)
+            self.progress.stage("network", "proving the encrypted overlay carries traffic between hosts")
+            self.progress.stage("network", prove_traffic(c, self.images["worker"]))
         c.make_key()
 
     def controller(self) -> None:

@@ -64,7 +64,7 @@ def observe(cluster: Cluster, slurm_nodes: dict[str, SlurmNode] | None = None) -
 def unreachable_view(env: Env) -> dict[str, Any]:
     """With registered hosts: those that do not answer now (host -> why); what they
     hold is shown as last recorded."""
-    return {"UnreachableHosts": env.provider.unreachable()} if env.multihost else {}
+    return {"UnreachableHosts": env.provider.unreachable()} if env.provider.places_nodes else {}
 
 
 def nodes(env: Env, name: str, group: str | None = None) -> dict[str, Any]:

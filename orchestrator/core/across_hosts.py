@@ -16,7 +16,7 @@ import secrets
 from collections.abc import Callable
 
 from ..docker.images import MULTIHOST_IMAGES
-from ..docker.views import ContainerSpec
+from ..docker.views import LOCAL_ENGINE, ContainerSpec
 from ..errors import EngineError, EngineUnavailable, OperationFailed
 from ..naming import L_HOST, fileserver_name, labels, network_name, shared_volume
 from ..releases import DEFAULT
@@ -36,7 +36,11 @@ def host_problems(env: Env, log: Callable[[str], None]) -> list[str]:
     p = env.provider
     down = p.unreachable()
     out = {r.name for r in env.store.hosts() if r.opt("draining") or r.opt("fenced")}
-    hosts = [h for h in p.engines() if h not in down and h not in out]
+    # the local engine is no registered host (one engine: nothing to probe)
+    hosts = [h for h in p.engines() if h != LOCAL_ENGINE and h not in down and h not in out]
+    if not hosts:
+        return []
+    log("probing what nodes need on every host")
     ref = env.images(DEFAULT).base(make=False)[0]  # on the hosts since hp hosts add (else brought now)
 
     def one(h: str) -> list[str]:
@@ -53,7 +57,8 @@ def placement_problems(env: Env | None, spec: ClusterSpec) -> list[str]:
     """Placement that names hosts hp does not know (or any host, with none registered);
     Mounts with registered hosts (a host folder is on this machine only)."""
     problems = []
-    hosts = list(env.provider.engines()) if env is not None and env.multihost else []
+    # registered hosts' names (the local engine's is none of them)
+    hosts = [h for h in env.provider.engines() if h != LOCAL_ENGINE] if env is not None else []
     for i, g in enumerate(spec.InstanceGroups):
         if g.Placement is None or not g.Placement.Hosts:
             continue
@@ -107,9 +112,8 @@ def controller_host_of(cluster: Cluster) -> str:
 def ensure_fileserver(cluster: Cluster, image: str | None = None) -> str | None:
     """The cluster's file server runs on the controller's host: started when stopped,
     made when missing (its volume, and so /home, is kept), a copy on another host
-    removed. None when it cannot be now (its host does not answer)."""
-    if not cluster.multihost:
-        return None
+    removed. None when it cannot be now (its host does not answer). Only for a cluster
+    whose provider serves /home from one (its cluster_images: registered hosts)."""
     p = cluster.p
     host = controller_host_of(cluster)
     if host in p.unreachable():

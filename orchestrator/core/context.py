@@ -90,17 +90,13 @@ class Env:
                 log.info("GPU discovery failed%s, no GPU types from it: %s", f" on {host}" if host else "", e)
         return discovered
 
-    @property
-    def multihost(self) -> bool:
-        """Hosts are registered: clusters span them (overlay network, shared /home server)."""
-        return LOCAL_ENGINE not in self.provider.engines()
-
     def node_image_defs(self) -> tuple:
-        """The images nodes run: with hosts, the login and worker images that mount /home
-        from the cluster's file server, and that server."""
-        from ..docker.images import MULTIHOST_IMAGES, NODE_IMAGES
+        """The images nodes run: hp's, and those the provider's clusters need besides
+        (Provider.cluster_images: across hosts, the login and worker image that mounts
+        /home from the cluster's file server, and that server)."""
+        from ..docker.images import NODE_IMAGES, cluster_images
 
-        return NODE_IMAGES + (MULTIHOST_IMAGES if self.multihost else ())
+        return NODE_IMAGES + cluster_images(self.provider)
 
     def gpus(self, refresh: bool = False, host: str = LOCAL_ENGINE) -> HostGpuInfo:
         """A Docker host's GPUs (gpu/inventory.py: discovery cached in the store, or HP_GPUS):
@@ -232,19 +228,22 @@ class Cluster:
 
     @property
     def multihost(self) -> bool:
-        return self.env.multihost
+        """The cluster spans registered hosts: read only by hp upgrade's refusal, whose
+        message says so (tests/unit/test_architecture.py allows no other reader)."""
+        return self.p.places_nodes
 
     def placements(self) -> dict[str, str]:
-        """Node -> the host its current container was placed on (multi-host; {} on one engine)."""
-        return self.store.node_hosts(self.name) if self.multihost else {}
+        """Node -> the host its current container was placed on ({} where the provider
+        places no nodes: one engine)."""
+        return self.store.node_hosts(self.name) if self.p.places_nodes else {}
 
     def current(self, containers: list[Container], placements: dict[str, str] | None = None) -> list[Container]:
         """The containers that are a node's current one: on several hosts, a copy on
         another host than the node's placement is stale (left on a host that was lost
         while the node was replaced elsewhere) and is left out, so that nothing acts on it."""
-        if not self.multihost:
-            return containers
         placed = self.placements() if placements is None else placements
+        if not placed:  # nothing placed (one engine): every container is its node's
+            return containers
         return [c for c in containers if not (c.node and placed.get(c.node) and c.host != placed[c.node])]
 
     def node_containers(self) -> dict[str, Container]:
@@ -267,9 +266,9 @@ class Cluster:
         container: read in that reverse order, a node is always lost (old host, phase
         not yet Replacing), replacing, or seen; read otherwise (or twice) a node read as
         Running and placed on its new host before its container exists is none of them."""
-        if not self.multihost:
-            return {}
         placed = self.placements() if placed is None else placed
+        if not placed:  # no node placed on a host (one engine): none lost with one
+            return {}
         if latest is None:
             latest = self.store.latest_phases(self.name)
         seen = self.node_containers() if containers is None else containers

@@ -31,11 +31,9 @@ from ..naming import (
     L_GPU_MODE,
     L_GPU_MODEL,
     L_GPUS,
-    L_HOST,
     ROLE_BY_NODE_TYPE,
     container_name,
     database_volume,
-    fileserver_name,
     labels,
     network_name,
     node_name,
@@ -138,7 +136,7 @@ class Launcher:
         lab.update(gpu_labels)
         spec = ContainerSpec(
             name=container_name(c.name, node),
-            image=group.Image or self.images[role],
+            image=group.Image or self.images[c.p.node_image(role)],
             hostname=node,
             labels=lab,
             network=network_name(c.name),
@@ -149,20 +147,7 @@ class Launcher:
             memory_bytes=mib * 2**20,
             gpus=wiring,
         )
-        if c.multihost:
-            spec.host = host
-            lab[L_HOST] = host
-            if role == "controller":
-                spec.volume_labels = {state_volume(c.name): labels(c.name, "state")}
-                if c.spec.accounting:
-                    spec.volume_labels[database_volume(c.name)] = labels(c.name, "database")
-            else:  # /home from the cluster's file server, over the overlay
-                spec.image = group.Image or self.images["node-mh"]
-                spec.volumes = {}
-                env["HP_HOME_SERVER"] = fileserver_name(c.name)
-                spec.devices = ["/dev/fuse:/dev/fuse:rwm"]
-                spec.cap_add = ["SYS_ADMIN"]
-                spec.security_opt = ["apparmor=unconfined"]  # docker-default denies mount(2)
+        c.p.place(spec, c.name, role, host)  # across hosts: on its host, /home from the file server
         return spec
 
     def create_many(
@@ -202,7 +187,7 @@ class Launcher:
                 load[host] = load[host].plus(itype, gpus or [], g.InstanceGroupName)
                 per_type = {**per_type, itype.name: per_type.get(itype.name, 0) + 1}
                 todo.append((g, i, gpus, host))
-            if c.multihost:  # recorded first: a copy of the node on another host is stale from now on
+            if c.p.places_nodes:  # recorded first: a copy of the node on another host is stale from now on
                 for g, i, _, host in todo:
                     c.store.set_node_host(c.name, node_name(g.InstanceGroupName, i), host)
 

@@ -25,7 +25,17 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..errors import EngineError, EngineUnavailable, ObjectMissing
-from ..naming import L_CLUSTER, L_MANAGED, L_ROLE, LABEL_PREFIX
+from ..naming import (
+    L_CLUSTER,
+    L_MANAGED,
+    L_ROLE,
+    LABEL_PREFIX,
+    database_volume,
+    network_name,
+    shared_volume,
+    state_volume,
+)
+from ..naming import labels as hp_labels
 from . import wire
 from .provider import FileMap, Log
 from .views import (
@@ -306,6 +316,22 @@ class DockerEngine:
 
     def prepare_images(self, refs: list[str], log: Log) -> None:
         """One engine holds its own images: nothing to do."""
+
+    # -- the runtime's part of a cluster (provider.py): one engine, its bridge, its volumes
+    places_nodes = False
+    reaches_addresses = True
+
+    def cluster_images(self) -> tuple[str, ...]:
+        return ()
+
+    def node_image(self, role: str) -> str:
+        return role
+
+    def prepare_cluster(self, cluster: str, labels: dict[str, str], encrypted: bool, accounting: bool) -> None:
+        prepare_one_engine(self, cluster, labels, encrypted, accounting)
+
+    def place(self, spec: ContainerSpec, cluster: str, role: str, host: str) -> None:
+        """One engine: every container is on it, its volumes made by prepare_cluster."""
 
     def create_overlay(self, name: str, labels: dict[str, str], encrypted: bool = False, mtu: int | None = None) -> str:
         """An attachable overlay network (this engine must be a swarm manager)."""
@@ -842,6 +868,17 @@ class DockerEngine:
             return self.get_file(cid, path)
         finally:
             self.remove_container(cid)
+
+
+def prepare_one_engine(p: Any, cluster: str, labels: dict[str, str], encrypted: bool, accounting: bool) -> None:
+    """A cluster on one engine (DockerEngine's prepare_cluster, and the unit tests'
+    fake's): its bridge network, then its volumes (the controller's state, the shared
+    /home, with Accounting the database's)."""
+    p.create_network(network_name(cluster), {**hp_labels(cluster, "network"), **labels}, encrypted=encrypted)
+    p.create_volume(state_volume(cluster), hp_labels(cluster, "state"))
+    p.create_volume(shared_volume(cluster), hp_labels(cluster, "shared"))
+    if accounting:
+        p.create_volume(database_volume(cluster), hp_labels(cluster, "database"))
 
 
 class _Events:

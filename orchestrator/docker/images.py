@@ -64,12 +64,19 @@ ALL_IMAGES = NODE_IMAGES + SERVICE_IMAGES + CHECK_IMAGES
 # client, run by login and compute nodes (HP_ROLE set per container), which mount /home
 # from the cluster's file server; and that server, built on it (the layers they share
 # travel to each host once). The single-host images stay as they are. Built by
-# `hp create` (and `hp images build`) when hosts are registered.
+# `hp create` (and `hp images build`) when hosts are registered: the multi-host provider
+# names them (its cluster_images(); cluster_images below).
 MULTIHOST_IMAGES = (
     ImageDef("node-mh", "images/node-mh", None, parent="worker"),
     ImageDef("fileserver", "images/fileserver", None, parent="node-mh"),
 )
 _BY_NAME = {d.name: d for d in NODE_IMAGES + SERVICE_IMAGES + CHECK_IMAGES + GPU_IMAGES + MULTIHOST_IMAGES}
+
+
+def cluster_images(provider: Provider) -> tuple[ImageDef, ...]:
+    """The images a cluster needs on this provider beyond hp's node images
+    (Provider.cluster_images: MULTIHOST_IMAGES across hosts, none on one engine)."""
+    return tuple(_BY_NAME[n] for n in provider.cluster_images())
 
 
 # NodePackages (the spec's Debian packages): a login/compute image derived from hp's, keyed

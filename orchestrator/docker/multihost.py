@@ -40,6 +40,8 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 
 from ..errors import EngineError, EngineUnavailable, ObjectMissing
+from ..naming import L_HOST, database_volume, fileserver_name, network_name, state_volume
+from ..naming import labels as hp_labels
 from .provider import FileMap, Log, Provider
 from .views import (
     Container,
@@ -277,6 +279,34 @@ class MultiHostProvider:
             except EngineUnavailable:
                 continue
         raise EngineUnavailable("no swarm manager among the reachable hosts answers (hp hosts list)")
+
+    # -- the runtime's part of a cluster (provider.py): placed nodes, an overlay, /home served
+    places_nodes = True
+    reaches_addresses = False  # the overlay's addresses are not routed to this machine
+
+    def cluster_images(self) -> tuple[str, ...]:
+        return ("node-mh", "fileserver")
+
+    def node_image(self, role: str) -> str:
+        return role if role == "controller" else "node-mh"  # login and compute: /home from the file server
+
+    def prepare_cluster(self, cluster: str, labels: dict[str, str], encrypted: bool, accounting: bool) -> None:
+        """The overlay only: each volume is made on the host of the container that mounts
+        it (place), the shared /home by the file server's (core/across_hosts.py)."""
+        self.create_network(network_name(cluster), {**hp_labels(cluster, "network"), **labels}, encrypted=encrypted)
+
+    def place(self, spec: ContainerSpec, cluster: str, role: str, host: str) -> None:
+        spec.host = host
+        spec.labels[L_HOST] = host
+        if role == "controller":  # its volumes (state, the database's) made on its host
+            kinds = {state_volume(cluster): "state", database_volume(cluster): "database"}
+            spec.volume_labels = {v: hp_labels(cluster, kinds[v]) for v in spec.volumes if v in kinds}
+        elif role in ("login", "worker"):  # /home from the cluster's file server, over the overlay
+            spec.volumes = {}
+            spec.environment["HP_HOME_SERVER"] = fileserver_name(cluster)
+            spec.devices = ["/dev/fuse:/dev/fuse:rwm"]
+            spec.cap_add = ["SYS_ADMIN"]
+            spec.security_opt = ["apparmor=unconfined"]  # docker-default denies mount(2)
 
     def create_network(self, name: str, labels: dict[str, str], encrypted: bool = False) -> str:
         host = self._manager()

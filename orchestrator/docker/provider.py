@@ -66,6 +66,35 @@ class Provider(Protocol):
         """Make sure every reachable host has these images (by image id), streamed from
         the local engine (one save, fanned out) or pulled from $HP_REGISTRY."""
 
+    # -- the runtime's part of a cluster: what differs between one engine and several
+    # hosts is answered here, so that nothing above asks which of them it runs on
+    places_nodes: bool
+    """Nodes are placed on named hosts: placements are recorded, a spec's Placement.Hosts
+    names them, a host can be lost with its nodes (the host watch). False on one engine."""
+
+    reaches_addresses: bool
+    """This machine reaches a container's address on a cluster's network (one engine's
+    bridge); False across hosts (a swarm overlay: the REST front relays through an exec)."""
+
+    def cluster_images(self) -> tuple[str, ...]:
+        """The images (by name, docker/images.py) a cluster needs beyond hp's node images:
+        () on one engine; across hosts the /home-mounting node image and the file server."""
+
+    def node_image(self, role: str) -> str:
+        """The image (by name) a node of `role` (controller, login, worker) runs."""
+
+    def prepare_cluster(self, cluster: str, labels: dict[str, str], encrypted: bool, accounting: bool) -> None:
+        """Create's first step: the cluster's network (`labels` added to hp's), and the
+        volumes made before any container (one engine: state, shared /home, the database's
+        with `accounting`; across hosts none: each is made on the host of the container
+        that mounts it, `place`). `encrypted`: IPsec between hosts."""
+
+    def place(self, spec: ContainerSpec, cluster: str, role: str, host: str) -> None:
+        """The runtime's part of a cluster container's spec (a node's or a service's),
+        given the host it was placed on: nothing on one engine; across hosts the container
+        goes to `host` (labelled so), its volumes are made there, and login and compute
+        nodes mount /home from the cluster's file server instead of a volume."""
+
     # -- networks and volumes -----------------------------------------------------------
     def create_network(self, name: str, labels: dict[str, str], encrypted: bool = False) -> str:
         """A cluster's network: a bridge on one engine; an attachable swarm overlay

@@ -112,7 +112,7 @@ class HostWatch(Controller):
         return f"replacement of {node} after its host was lost" if node else super().describe(key)
 
     def _watching(self) -> bool:
-        if not self.env.multihost:
+        if not self.env.provider.places_nodes:
             return False
         row = self.env.store.cluster(self.name)
         return row is not None and row.status not in HANDS_OFF

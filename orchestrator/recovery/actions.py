@@ -356,7 +356,7 @@ def rerun_orphans(cluster: Cluster, why: dict[str, str]) -> list[int]:
 def _images(cluster: Cluster, t: Target) -> dict[str, str]:
     """hp's current node images; the old container's image where the current one is not built."""
     refs = cluster.images.refs(cluster.env.node_image_defs())
-    key = "node-mh" if cluster.multihost and t.role != "controller" else t.role
+    key = cluster.p.node_image(t.role)
     if t.container is not None and not cluster.images.exists(refs.get(key, "")):
         refs[key] = t.container.image
     return refs

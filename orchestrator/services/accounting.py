@@ -45,7 +45,7 @@ from ..core.context import SLURM_UID, Cluster
 from ..docker.images import SERVICE_IMAGES
 from ..docker.views import Container, ContainerSpec
 from ..errors import EngineError, OperationFailed
-from ..naming import L_CLUSTER, L_HOST, L_ROLE, SERVICE_HOSTS, labels, network_name, service_container
+from ..naming import L_CLUSTER, L_ROLE, SERVICE_HOSTS, labels, network_name, service_container
 from ..slurm.conf import render, slurmdbd_conf, template
 from ..state.home import cluster_folder
 
@@ -168,9 +168,7 @@ def container_spec(cluster: Cluster, role: str, image: str) -> ContainerSpec:
         memory_bytes=mib * 2**20,
         restart_policy=RESTART_POLICY,
     )
-    if cluster.multihost:  # registered hosts: on the controller's host
-        spec.host = controller_host_of(cluster)
-        spec.labels[L_HOST] = spec.host
+    cluster.p.place(spec, cluster.name, role, controller_host_of(cluster))  # across hosts: the controller's
     return spec
 
 

@@ -56,7 +56,7 @@ class Endpoints:
         reg = registry(self.cluster, self.health_results)
         self._bind("metrics", lambda port: start_http_server(port, addr="127.0.0.1", registry=reg)[0])
         if self.cluster.spec.rest:
-            tunnel = self.tunnel if self.cluster.multihost else None
+            tunnel = None if self.env.provider.reaches_addresses else self.tunnel
             front = self._bind("rest", lambda port: Front(port, lambda: jwt_key(self.cluster), self.upstream, tunnel))
             front.serve_in_thread()
         log.info("endpoints: %s", ", ".join(f"{k} {url(self.env.store, self.name, k)}" for k in KINDS))

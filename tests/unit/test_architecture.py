@@ -11,7 +11,9 @@
 - cluster statuses and health-check request states are written by their one writer,
   given the enum (state/transitions.py);
 - each rule written once: labels in naming.py, node phases in state/phases.py, Slurm's
-  states in slurm/, hp's reasons in slurm/model.py, waiting in waits.py."""
+  states in slurm/, hp's reasons in slurm/model.py, waiting in waits.py;
+- no code asks whether it runs on one engine or several hosts (`.multihost`) but the
+  allowed readers (MULTIHOST_READERS): it asks the provider what differs."""
 
 from __future__ import annotations
 
@@ -576,3 +578,28 @@ def test_the_agent_wing_starts_no_threads_but_its_stream_readers() -> None:
 
         visit(ast.parse(f.read_text()), "<module>")
     assert found == set(STREAM_READERS), "the agent's work runs on the runtime's workers (Controller.workers)"
+
+
+# module -> why it may read `.multihost` (Cluster.multihost: the cluster spans registered
+# hosts). Nothing else asks which runtime it runs on: it asks the provider what differs
+# (docker/provider.py: places_nodes, reaches_addresses, cluster_images, node_image,
+# prepare_cluster, place), as kind's create flow asks its provider interface.
+MULTIHOST_READERS: dict[str, str] = {
+    "cluster/upgrade.py": "hp upgrade refuses a cluster that spans hosts, and its message says so",
+}
+
+
+def test_no_code_branches_on_multihost_but_the_allowed() -> None:
+    found = {
+        rel(p)
+        for p in modules()
+        for n in ast.walk(ast.parse(p.read_text()))
+        if isinstance(n, ast.Attribute) and n.attr == "multihost"
+    }
+    assert found <= set(MULTIHOST_READERS), "ask the provider what differs (docker/provider.py), not which it is"
+    env = next(
+        n
+        for n in ast.parse((PKG / "core/context.py").read_text()).body
+        if isinstance(n, ast.ClassDef) and n.name == "Env"
+    )
+    assert "multihost" not in {n.name for n in env.body if isinstance(n, ast.FunctionDef)}, "Env has no multihost"

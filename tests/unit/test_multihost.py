@@ -905,12 +905,29 @@ def test_node_packages_with_hosts_derive_the_home_mounting_image_and_send_it_to_
 def test_the_local_engine_has_a_name_and_images_come_from_the_providers_image_source(tmp_path):
     one = FakeProvider(4, 8192)
     assert list(one.engines()) == [LOCAL_ENGINE] and one.image_source() is one
-    assert not world(tmp_path / "one").env.multihost
+    assert not world(tmp_path / "one").env.provider.places_nodes
     w = multi_world(tmp_path)
-    assert LOCAL_ENGINE not in w.provider.engines() and w.env.multihost
+    assert LOCAL_ENGINE not in w.provider.engines() and w.env.provider.places_nodes
     assert w.provider.image_source() is w.source  # built and kept on the local engine, streamed to hosts
     for h in w.hosts.values():
         h.up = False
     w.provider.image_source().ping()  # the hosts' engines are not asked
     with pytest.raises(EngineUnavailable):
         w.provider.ping()
+
+
+def test_every_provider_answers_the_runtimes_part_of_a_cluster(tmp_path):
+    """What differs between one engine and several hosts is asked of the provider (no
+    branch on which it is): each implementation has every member of the Protocol."""
+    from orchestrator.docker.engine import DockerEngine
+    from orchestrator.docker.provider import Provider
+
+    members = {n for n in vars(Provider) if not n.startswith("_")} | set(Provider.__annotations__)
+    for cls in (DockerEngine, MultiHostProvider, FakeProvider):
+        assert not [m for m in members if not hasattr(cls, m)], cls.__name__
+    one, w = world(tmp_path / "one").provider, multi_world(tmp_path)
+    assert (one.places_nodes, one.reaches_addresses, one.cluster_images()) == (False, True, ())
+    assert (w.provider.places_nodes, w.provider.reaches_addresses) == (True, False)
+    assert [one.node_image(r) for r in ("controller", "login", "worker")] == ["controller", "login", "worker"]
+    assert [w.provider.node_image(r) for r in ("controller", "login", "worker")] == ["controller", "node-mh", "node-mh"]
+    assert set(w.provider.cluster_images()) == {"node-mh", "fileserver"}
