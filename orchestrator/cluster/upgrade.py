@@ -379,7 +379,7 @@ class Upgrading(Controller):
 
         parallel(one, nodes)
 
-    def _tried(self, cluster: Cluster, op: Operation, node: str, why: str, group: str | None = None) -> None:
+    def _tried(self, cluster: Cluster, op: Operation, node: str, what: str, group: str | None = None) -> None:
         """Count a failed try at `node`; past MAX_TRIES the upgrade stops, Failed, naming it.
         The controller is tried again and again (each failure an Error event): the cluster
         has no other way back, its state being the new release's once slurmctld read it."""
@@ -387,15 +387,20 @@ class Upgrading(Controller):
         n = int(self.env.store.get(key) or "0") + 1
         self.env.store.put(key, str(n))
         if node == cluster.controller_node:
-            self._event(cluster, "Error", f"Upgrade of {node}: {why} (try {n}); trying again", group, node)
+            self._event(cluster, "Error", f"Upgrade of {node}: {what} (try {n}); trying again", group, node)
             return
         if n < MAX_TRIES:
+            # held Replacing until the next try: left LaunchFailed, the agent's provisioning
+            # would take it meanwhile (remove its container, launch it on the old release),
+            # racing the next try, or the upgrade would see no container and finish without it
+            to = params(self.env, op)["To"]
+            self.env.store.set_phase(self.name, node, Phase.REPLACING, actions.replacing(why(to)))
             self._event(
-                cluster, "Warning", f"Upgrade of {node}: {why} (try {n} of {MAX_TRIES}); trying again", group, node
+                cluster, "Warning", f"Upgrade of {node}: {what} (try {n} of {MAX_TRIES}); trying again", group, node
             )
             return
         msg = (
-            f"Upgrade of cluster {self.name} stopped: {node}: {why} ({n} tries); the nodes not yet upgraded "
+            f"Upgrade of cluster {self.name} stopped: {node}: {what} ({n} tries); the nodes not yet upgraded "
             "stay on their release and in service"
         )
         self._resume_ours(cluster, reason(params(self.env, op)["To"]))

@@ -193,6 +193,12 @@ def test_a_node_that_cannot_come_back_is_retried_then_reported(hp: Hp) -> None:
         killer.stop.set()
         killer.join(10)
     failed_after = time.monotonic() - t0
+    cpu2 = [
+        f"{e['EventTime']} {e['EventLevel']} {e['Description']}"
+        for e in events(hp, name)
+        if e["SlurmNodeName"] == "cpu-2"
+    ]
+    print("\n".join(cpu2), f"\nkilled: {killer.killed}")
     assert op["Status"] == "Failed" and "cpu-2" in op["Message"], op
     warned = [e["Description"] for e in events(hp, name) if e["EventLevel"] == "Warning"]
     for n in range(1, 3):  # MAX_TRIES = 3: two Warnings, then the Error that ends it

@@ -151,7 +151,8 @@ def test_a_node_that_does_not_come_back_on_the_new_release_is_tried_again_then_r
     """Issue 48 point 4: cpu-2's container on 26.05 dies at every start. Its dead container
     runs the new release's image: counted as upgraded, the upgrade went on and ended Done
     with cpu-2 down (found by hand, 2026-12-07). Now: tried MAX_TRIES times (a Warning
-    naming the try each), then Failed naming it; cpu-3, not yet upgraded, left in service."""
+    naming the try each; held Replacing between tries, out of provisioning's hands), then
+    Failed naming it, LaunchFailed for provisioning; cpu-3, not yet upgraded, in service."""
     monkeypatch.setattr(actions, "POLL_S", 0.01)
     w = world(tmp_path)
     for r in (OLD, NEW):
@@ -169,7 +170,15 @@ def test_a_node_that_does_not_come_back_on_the_new_release_is_tried_again_then_r
 
     w.provider.on_start[register] = dies_on_the_new_release
     upgrade.start(w.env, "lab", "26.05", batch_size=1)
-    drive(w, Upgrading(w.env, "lab"))
+    ctrl, held = Upgrading(w.env, "lab"), []
+    for _ in range(60):
+        ctrl.reconcile("")
+        if not [o for o in w.env.store.operations("lab") if o.kind == OperationKind.UPGRADE]:
+            break
+        if w.provider.node("lab", "cpu-2").state == "exited":  # between two tries: provisioning's hands off
+            held.append(w.env.store.latest_phases("lab").phase("cpu-2"))
+    assert held and set(held) == {Phase.REPLACING}, held
+    assert w.env.store.latest_phases("lab").phase("cpu-2") is Phase.LAUNCH_FAILED  # provisioning's, now
     op = [o for o in w.env.store.operations("lab", active_only=False) if o.kind == OperationKind.UPGRADE][-1]
     assert op.status == OperationStatus.FAILED and "cpu-2" in op.message, op
     warned = [e for e in w.env.store.events("lab", limit=1000) if e.level == "Warning" and "cpu-2" in e.description]
