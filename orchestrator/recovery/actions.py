@@ -189,8 +189,15 @@ def replace(
             new.node_id,
         )
     else:
-        store.set_phase(name, node, Phase.LAUNCH_FAILED, f"replacement did not register within {wait:g} s: {reason}")
-        _event(cluster, new, "Error", f"(replacement) did not come up within {wait:g} s: {reason}")
+        try:  # one that exited says so, not a timeout it never reached
+            st = cluster.p.inspect(res).state
+            gone = f"exited (code {st.exit_code}) before it came up" if st.status in ("exited", "dead") else None
+        except TRANSIENT:
+            gone = "was removed before it came up"
+        store.set_phase(
+            name, node, Phase.LAUNCH_FAILED, f"replacement {gone or f'did not register within {wait:g} s'}: {reason}"
+        )
+        _event(cluster, new, "Error", f"(replacement) {gone or f'did not come up within {wait:g} s'}: {reason}")
     return ok
 
 

@@ -185,6 +185,8 @@ def test_a_node_that_does_not_come_back_on_the_new_release_is_tried_again_then_r
     tries = [f"try {n} of {upgrade.MAX_TRIES}" for n in range(1, upgrade.MAX_TRIES)]
     assert [t for t in tries if any(t in e.description for e in warned)] == tries, warned
     assert all(e.group == "cpu" for e in warned), warned
+    said = [e.description for e in w.env.store.events("lab", limit=1000) if e.level == "Error" and e.node == "cpu-2"]
+    assert any("exited (code 137) before it came up" in d for d in said), said  # not "within 120 s"
     assert release_of(w.provider.node("lab", "cpu-1").spec.image) == "26.05"
     assert release_of(w.provider.node("lab", "cpu-3").spec.image) == "24.11"  # never drained, in service
     assert not any(n.drained for n in w.slurm.nodes_.values())
