@@ -37,7 +37,7 @@ from typing import Any
 from .. import releases, waits
 from ..core.context import Cluster, Env, parallel
 from ..core.launcher import Launcher
-from ..docker.views import Container, ContainerSpec
+from ..docker.views import LOCAL_ENGINE, Container, ContainerSpec
 from ..errors import TRANSIENT, BadInput, LaunchError, OperationFailed
 from ..naming import container_name, database_volume, labels
 from ..recovery import actions
@@ -135,14 +135,10 @@ def problems(env: Env, name: str, to: object, batch_size: int) -> list[str]:
     if (op := active(env, name)) is not None:
         p = params(env, op)
         out.append(f"cluster {name!r} is already being upgraded to Slurm {p.get('To', '?')} (operation {op.id})")
-    if cluster.spec.packages:
-        out.append("the cluster has NodePackages: hp upgrade does not build their images for another release yet")
     if custom := [g.InstanceGroupName for g in cluster.spec.InstanceGroups if g.Image]:
         out.append(
             f"instance group(s) {', '.join(custom)} run an image of their own: hp cannot move it to another release"
         )
-    if cluster.multihost:
-        out.append("the cluster spans registered hosts: hp upgrade runs on single-engine clusters only")
     if not out:
         images = env.images(SlurmRelease(str(to)))
         try:
@@ -212,6 +208,8 @@ class Upgrading(Controller):
         to = SlurmRelease(p["To"])
         cluster = Cluster(self.env, self.name)
         refs = self.env.images(to).refs(self.env.node_image_defs())
+        if cluster.spec.packages and not self._packages(cluster, op, refs, to):
+            return Result(IDLE_POLL_S)
         nodes = cluster.node_containers()
         ctl = nodes.get(cluster.controller_node)
         if ctl is None or release_of(ctl.image) != to:
@@ -244,6 +242,23 @@ class Upgrading(Controller):
         self._finish(cluster, op, p)
         return Result(IDLE_POLL_S)
 
+    def _packages(self, cluster: Cluster, op: Operation, refs: dict[str, str], to: str) -> bool:
+        """The cluster's NodePackages images derived from the new release's (built once: the
+        first step, before any node is touched; a build apt refuses ends the upgrade Failed
+        with apt's words, nothing changed). False when it ended."""
+        images = self.env.images(SlurmRelease(to))
+        if all(images.exists(r) for r in images.with_packages(refs, cluster.spec.packages).values()):
+            return True
+        self._event(cluster, "Info", f"Building the NodePackages images on Slurm {to}", None, None)
+        try:
+            images.build_packages(refs, cluster.spec.packages, log=lambda line: log.info("%s", line))
+        except OperationFailed as e:
+            msg = f"Upgrade of cluster {self.name} stopped: its NodePackages could not be built on Slurm {to}: {e}"
+            self.env.store.end_operation(op.id, OperationStatus.FAILED, msg)
+            self._event(cluster, "Error", msg, None, None)
+            return False
+        return True
+
     # -- the controller: slurmdbd and its database, then slurmctld --------------------
     def _controller(
         self, cluster: Cluster, op: Operation, ctl: Container | None, refs: dict[str, str], to: str
@@ -274,8 +289,9 @@ class Upgrading(Controller):
                         node,
                     )
             cluster.p.remove_container(ctl.id)
-        if cluster.spec.accounting:
-            self._database_owner(cluster, refs["controller"])
+        if cluster.spec.accounting:  # on the controller's host: its database's volume is there
+            host = ctl.host if ctl is not None else cluster.placements().get(node, LOCAL_ENGINE)
+            self._database_owner(cluster, refs["controller"], host)
         launcher = Launcher(cluster, refs)
         files = {
             "slurm.conf": (render(cluster.spec, cluster.env.catalogue).encode(), 0o644, 0),
@@ -291,7 +307,7 @@ class Upgrading(Controller):
             raise OperationFailed(f"controller {node} on Slurm {to}: {err}")
         self._controller_up(cluster, op, cid, to, t0)
 
-    def _database_owner(self, cluster: Cluster, image: str) -> None:
+    def _database_owner(self, cluster: Cluster, image: str, host: str) -> None:
         """MariaDB's data files given to the new image's mysql user: its uid is whatever
         the Debian suite's packages gave it (trixie's 997, forky's 996), and a MariaDB that
         cannot write its files does not start ('ibdata1 must be writable'). A short-lived
@@ -305,6 +321,7 @@ class Upgrading(Controller):
             entrypoint=["sh", "-c", "chown -R mysql:mysql /var/lib/mysql"],
             memory_bytes=64 << 20,
             init=False,
+            host=host,
         )
         cluster.p.remove_container(spec.name)  # one left by an agent killed while it ran
         res = cluster.p.run_once(spec, timeout=60)

@@ -226,12 +226,6 @@ class Cluster:
     def containers(self) -> list[Container]:
         return self.p.containers(self.name)
 
-    @property
-    def multihost(self) -> bool:
-        """The cluster spans registered hosts: read only by hp upgrade's refusal, whose
-        message says so (tests/unit/test_architecture.py allows no other reader)."""
-        return self.p.places_nodes
-
     def placements(self) -> dict[str, str]:
         """Node -> the host its current container was placed on ({} where the provider
         places no nodes: one engine)."""

@@ -283,7 +283,10 @@ class Images:
         for name in PACKAGES_OF:
             if name in refs and not refs[name].startswith(f"hp-{name}-pkgs:"):  # not one derived already
                 h = hashlib.sha256(f"{refs[name]}\0{packages_hash(packages)}".encode()).hexdigest()
-                out[name] = f"hp-{name}-pkgs:{h[:12]}"
+                # the parent's release leads the tag too (hp-worker-pkgs:26.05-<hash>): hp upgrade
+                # tells a node's release by it
+                release = refs[name].rsplit(":", 1)[-1].split("-", 1)[0]
+                out[name] = f"hp-{name}-pkgs:{release}-{h[:12]}" if release in RELEASES else f"hp-{name}-pkgs:{h[:12]}"
         return out
 
     def build_packages(

@@ -468,7 +468,8 @@ def test_delete_leaves_nothing_on_any_host(lab: Lab) -> None:
 
 def test_the_other_slurm_release_runs_across_the_hosts(lab: Lab, tmp_path: Path) -> None:
     """Several hosts on the release the rest of the module does not run (issue 48: every
-    feature on both releases); its images streamed to each host as the default's were."""
+    feature on both releases); its images streamed to each host as the default's were. Then,
+    from the older release, `hp upgrade` of that cluster across the hosts."""
     other = next(r for r in SlurmRelease if r is not slurm_release()).value
     hp, name = lab.hp, "mhother"
     lab.made.append(name)
@@ -492,6 +493,18 @@ def test_the_other_slurm_release_runs_across_the_hosts(lab: Lab, tmp_path: Path)
     found = re.findall(r"Version=(\d+\.\d+)", versions)
     assert found and set(found) == {other}, found
     assert hp.json("describe", name)["SlurmVersion"] == other
+    # hp upgrade across the hosts, where the other release is the older one (24.11 -> 26.05)
+    newer = max((r.value for r in SlurmRelease), key=lambda r: tuple(map(int, r.split("."))))
+    if other != newer:
+        t1 = time.monotonic()
+        hp("upgrade", name, "--slurm", newer, "--batch-size", "3", "--wait", timeout=600, check=True)
+        up = time.monotonic() - t1
+        found = re.findall(r"Version=(\d+\.\d+)", hp("exec", name, "--", "scontrol", "show", "nodes").stdout)
+        assert found and set(found) == {newer}, found
+        r = hp("exec", name, "--", "srun", "-N3", "hostname", check=True)
+        assert len(set(r.stdout.split())) == 3, r.stdout
+        assert {v["Host"] for n, v in lab.nodes(name).items() if n.startswith("cpu")} == hosts  # stayed placed
+        print(f"\nhp upgrade {other} -> {newer} over {len(hosts)} hosts: {up:.1f} s")
     hp("delete", name, check=True)
     for i in (1, 2, 3):
         assert lab.labelled(i, name) == {"containers": [], "networks": [], "volumes": []}, i

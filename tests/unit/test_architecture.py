@@ -580,13 +580,10 @@ def test_the_agent_wing_starts_no_threads_but_its_stream_readers() -> None:
     assert found == set(STREAM_READERS), "the agent's work runs on the runtime's workers (Controller.workers)"
 
 
-# module -> why it may read `.multihost` (Cluster.multihost: the cluster spans registered
-# hosts). Nothing else asks which runtime it runs on: it asks the provider what differs
+# Nothing asks which runtime it runs on (`.multihost`): it asks the provider what differs
 # (docker/provider.py: places_nodes, reaches_addresses, cluster_images, node_image,
 # prepare_cluster, place), as kind's create flow asks its provider interface.
-MULTIHOST_READERS: dict[str, str] = {
-    "cluster/upgrade.py": "hp upgrade refuses a cluster that spans hosts, and its message says so",
-}
+MULTIHOST_READERS: dict[str, str] = {}
 
 
 def test_no_code_branches_on_multihost_but_the_allowed() -> None:

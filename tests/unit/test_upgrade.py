@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from orchestrator.cluster import upgrade
 from orchestrator.cluster.create import CreateOptions, create
 from orchestrator.cluster.upgrade import Upgrading, jump_problem, release_of
-from orchestrator.errors import BadInput
+from orchestrator.errors import BadInput, EngineError
 from orchestrator.recovery import actions
 from orchestrator.releases import RELEASES, SlurmRelease
 from orchestrator.spec.model import validate
@@ -24,11 +24,11 @@ from tests.fakes import force_status
 OLD, NEW = SlurmRelease.V24_11, SlurmRelease.V26_05
 
 
-def lab(w: World, release: SlurmRelease = OLD, build_new: bool = True) -> None:
+def lab(w: World, release: SlurmRelease = OLD, build_new: bool = True, **top) -> None:
     for r in {release, NEW} if build_new else {release}:
         w.provider.images[RELEASES[r].pulled_base] = f"sha256:base-{r}"
         w.env.images(r).build(log=lambda s: None)
-    spec = validate(spec_doc("lab", SlurmVersion=release.value), w.env.catalogue)
+    spec = validate(spec_doc("lab", SlurmVersion=release.value, **top), w.env.catalogue)
     create(w.env, spec, CreateOptions(wait=True, timeout=5))
 
 
@@ -191,6 +191,39 @@ def test_a_node_that_does_not_come_back_on_the_new_release_is_tried_again_then_r
     assert release_of(w.provider.node("lab", "cpu-3").spec.image) == "24.11"  # never drained, in service
     assert not any(n.drained for n in w.slurm.nodes_.values())
     assert w.env.store.cluster("lab").spec["SlurmVersion"] == "24.11"
+
+
+def test_node_packages_are_built_on_the_new_release_first_then_run_by_every_node(tmp_path) -> None:
+    w = world(tmp_path)
+    lab(w, NodePackages=["jq"])
+    old = w.provider.node("lab", "cpu-1").spec.image
+    assert old.startswith("hp-worker-pkgs:24.11-"), old
+    upgrade.start(w.env, "lab", "26.05", batch_size=2)
+    drive(w, Upgrading(w.env, "lab"))
+    images = {c.spec.hostname: c.spec.image for c in w.provider.containers_.values() if c.state == "running"}
+    assert images["cpu-1"].startswith("hp-worker-pkgs:26.05-") and images["login-1"].startswith("hp-login-pkgs:26.05-")
+    assert images["controller-1"].startswith("hp-controller:26.05-"), images
+    op = [o for o in w.env.store.operations("lab", active_only=False) if o.kind == OperationKind.UPGRADE][-1]
+    assert op.status == OperationStatus.DONE, op
+
+
+def test_node_packages_apt_refuses_on_the_new_release_end_the_upgrade_with_nothing_changed(tmp_path) -> None:
+    w = world(tmp_path)
+    lab(w, NodePackages=["jq"])
+    before = untouched(w)[0]
+    upgrade.start(w.env, "lab", "26.05")
+    real = w.provider.build_image
+
+    def refused(context, tag, target, buildargs, log):
+        if tag.startswith("hp-worker-pkgs:26.05-"):
+            raise EngineError("E: Unable to locate package jq")
+        real(context, tag, target, buildargs, log)
+
+    w.provider.build_image = refused
+    drive(w, Upgrading(w.env, "lab"))
+    op = [o for o in w.env.store.operations("lab", active_only=False) if o.kind == OperationKind.UPGRADE][-1]
+    assert op.status == OperationStatus.FAILED and "Unable to locate package jq" in op.message, op
+    assert untouched(w)[0] == before  # no node touched
 
 
 def test_cli_json(tmp_path, monkeypatch) -> None:
