@@ -40,6 +40,7 @@ from ..cluster.upgrade import Upgrading
 from ..core.agents import DEAD_STATUSES
 from ..core.context import Cluster, Env
 from ..core.launcher import Launcher
+from ..core.procs import alive
 from ..errors import TRANSIENT, guarded, report_bug
 from ..health.requests.onstart import ClusterBusy, check_new_nodes
 from ..hosts.hostwatch import HostWatch
@@ -269,6 +270,7 @@ class Provisioning(Controller):
         if now - self.last_prune > PRUNE_EVERY_S:
             self.last_prune = now
             env.store.prune()
+        env.store.end_orphaned_operations(name, alive)  # an hp reboot / replace killed mid-way
         self.agent._sync_status(self.cluster)
         return Result(RESYNC)
 

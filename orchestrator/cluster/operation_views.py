@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.context import Env
+from ..core.procs import alive
 from ..errors import NotFound
 from ..naming import group_prefix
 from ..spec.model import ClusterSpec
@@ -18,11 +19,13 @@ from ..state.store import Latest, iso
 
 def list_operations(env: Env, name: str) -> dict[str, Any]:
     _exists(env, name)
+    env.store.end_orphaned_operations(name, alive)  # what users see is true also with no agent
     return {"ClusterName": name, "Operations": [summary(op) for op in env.store.operations(name, active_only=False)]}
 
 
 def describe_operation(env: Env, name: str, op_id: int) -> dict[str, Any]:
     _exists(env, name)
+    env.store.end_orphaned_operations(name, alive)
     op = env.store.operation(name, op_id)
     if op is None:
         raise NotFound(f"cluster {name!r} has no operation {op_id} (see 'hp operations {name}')")

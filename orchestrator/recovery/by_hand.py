@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from ..core.context import Env, parallel
@@ -21,7 +22,7 @@ def run(env: Env, action: str, name: str, nodes: list[str], reason: str, timeout
     kind = OperationKind.REBOOT if action == "reboot" else OperationKind.REPLACE
     before = cluster.node_containers()
     groups = {before[n].group for n in wanted if n in before}
-    op = env.store.add_operation(name, groups.pop() if len(groups) == 1 else "", kind, nodes=wanted)
+    op = env.store.add_operation(name, groups.pop() if len(groups) == 1 else "", kind, nodes=wanted, pid=os.getpid())
     status, why = OperationStatus.FAILED, "interrupted"
     try:
         results = parallel(lambda n: fn(cluster, n, reason, timeout), wanted)

@@ -67,6 +67,7 @@ class Operation:
     started: float
     ended: float | None
     request: str = ""  # what else records it: a health check's request id
+    pid: int | None = None  # the process doing it, when a command does it itself (hp reboot, hp replace)
 
     @property
     def active(self) -> bool:

@@ -106,6 +106,7 @@ MIGRATIONS = (
     ("events", "incarnation", "TEXT NOT NULL DEFAULT ''"),
     ("events", "operation", "INTEGER"),
     ("operations", "request", "TEXT NOT NULL DEFAULT ''"),
+    ("operations", "pid", "INTEGER"),
 )
 
 EVENTS_PER_CLUSTER = 20_000
@@ -331,7 +332,7 @@ class Store:
         return d
 
     # -- operations (state/operations.py): what was asked of the cluster, and how it went --
-    _OP_COLS = "id, cluster, group_name, kind, status, target, previous, nodes, message, started, ended, request"
+    _OP_COLS = "id, cluster, group_name, kind, status, target, previous, nodes, message, started, ended, request, pid"
 
     def add_operation(
         self,
@@ -343,20 +344,25 @@ class Store:
         nodes: Iterable[str] = (),
         *,
         request: str = "",
+        pid: int | None = None,
         db: sqlite3.Connection | None = None,
     ) -> int:
         """Record an operation (InProgress) and return its id. In the same transaction,
         the operations it supersedes (operations.supersedes) end Superseded, each with an
         event. `group`: "" for the cluster's own; `request`: what else records it (a
-        health check's id); `db`: inside a writer's transaction."""
+        health check's id); `pid`: the process doing it, when a command does it itself (hp
+        reboot): one that dies first leaves it to `end_orphaned_operations`; `db`: inside a
+        writer's transaction."""
         if db is None:
             with self.transaction() as tx:
-                return self.add_operation(cluster, group, kind, target, previous, nodes, request=request, db=tx)
+                return self.add_operation(
+                    cluster, group, kind, target, previous, nodes, request=request, pid=pid, db=tx
+                )
         kind = OperationKind(kind)
         now = self.clock()
         row = db.execute(
-            "INSERT INTO operations (cluster, group_name, kind, target, previous, nodes, status, started, request)"
-            f" VALUES (?,?,?,?,?,?,?,?,?) RETURNING {self._OP_COLS}",
+            "INSERT INTO operations (cluster, group_name, kind, target, previous, nodes, status, started, request, pid)"
+            f" VALUES (?,?,?,?,?,?,?,?,?,?) RETURNING {self._OP_COLS}",
             (
                 cluster,
                 group,
@@ -367,6 +373,7 @@ class Store:
                 OperationStatus.IN_PROGRESS.value,
                 now,
                 request,
+                pid,
             ),
         ).fetchone()
         new = _operation(row)
@@ -423,6 +430,28 @@ class Store:
             (status.value, message, self.clock(), op_id, OperationStatus.IN_PROGRESS.value),
         )
         return cur.rowcount == 1
+
+    def end_orphaned_operations(self, cluster: str, alive: Callable[[int], bool]) -> list[int]:
+        """End Failed, each with an event, the cluster's operations in progress whose process
+        (`pid`, e.g. an `hp reboot` killed mid-way) is no longer `alive`: never left
+        InProgress for good. Their ids."""
+        ended = []
+        for op in self.operations(cluster):
+            if op.pid is None or alive(op.pid):
+                continue
+            why = f"its process (pid {op.pid}) ended before the operation did; see the nodes' events"
+            with self.transaction() as db:
+                if self.end_operation(op.id, OperationStatus.FAILED, why, db=db):
+                    self.event(
+                        cluster,
+                        "Cluster",
+                        "Error",
+                        f"Operation {op.id} ({op.kind}) failed: {why}",
+                        operation=op.id,
+                        db=db,
+                    )
+                    ended.append(op.id)
+        return ended
 
     def operation_events(self, cluster: str, op_id: int) -> list[Event]:
         rows = self._x(
@@ -737,6 +766,7 @@ def _operation(r: tuple[Any, ...]) -> Operation:
         started=r[9],
         ended=r[10],
         request=r[11],
+        pid=r[12],
     )
 
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from conftest import Hp, small_spec, write_spec
+from conftest import ROOT, Hp, small_spec, write_spec
 
 from orchestrator.slurm.model import SlurmNode, parse_nodes
 
@@ -198,6 +198,23 @@ def test_hand_reboot_and_replace(hp: Hp, cluster: Callable[..., str], docker_cli
     ev = events(hp, name)
     assert any(f"(cpu-1) in cluster {name} was replaced by {new}: requested by hand" in e for e in ev), ev
     assert any("(login-1)" in e and "was rebooted: test" in e for e in ev), ev
+
+    # an hp reboot SIGKILLed mid-way: its operation ends Failed (no agent's; hp operations says so)
+    p = subprocess.Popen(
+        hp.argv("reboot", name, "cpu-1"), env=hp.env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    t0 = time.monotonic()
+    while not [
+        o
+        for o in hp.json("operations", name)["Operations"]
+        if o["OperationType"] == "Reboot" and o["Status"] == "InProgress"
+    ]:
+        assert time.monotonic() - t0 < 30 and p.poll() is None, "the reboot's operation never showed InProgress"
+        time.sleep(0.1)
+    p.kill()
+    p.wait()
+    last = [o for o in hp.json("operations", name)["Operations"] if o["OperationType"] == "Reboot"][-1]
+    assert last["Status"] == "Failed" and f"pid {p.pid}" in last["Message"], last
 
 
 def test_no_recovery_leaves_a_dead_worker_down(hp: Hp, cluster: Callable[..., str], docker_client: Any) -> None:

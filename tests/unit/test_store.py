@@ -147,6 +147,30 @@ def test_operations_are_typed_and_end_once_and_kv(st):
     assert st.get("k", "d") == "d"
 
 
+def test_an_operation_whose_process_died_is_ended_failed_once_with_an_event(st):
+    """hp reboot / replace do their operation in their own process: killed mid-way (a
+    real process, SIGKILLed), the operation is not left InProgress for good."""
+    import signal
+    import subprocess
+    import sys
+
+    from orchestrator.core.procs import alive
+
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    mine = st.add_operation("lab", "cpu", OperationKind.REBOOT, nodes=["cpu-1"], pid=p.pid)
+    agents = st.add_operation("lab", "cpu", OperationKind.SCALE, 3, 1)  # no pid: the agent's, untouched
+    assert st.end_orphaned_operations("lab", alive) == [] and st.operation("lab", mine).pid == p.pid
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    assert st.end_orphaned_operations("lab", alive) == [mine]
+    op = st.operation("lab", mine)
+    assert op.status is OperationStatus.FAILED and f"pid {p.pid}" in op.message
+    assert [e.description for e in st.operation_events("lab", mine)] == [
+        f"Operation {mine} (Reboot) failed: {op.message}"
+    ]
+    assert st.end_orphaned_operations("lab", alive) == [] and st.operation("lab", agents).active
+
+
 def test_a_newer_count_request_of_a_group_supersedes_the_older_and_events_go_to_their_operation(st):
     scale = st.add_operation("lab", "cpu", OperationKind.SCALE, 4, 2)
     other = st.add_operation("lab", "gpu", OperationKind.SCALE, 1, 0)

@@ -11,6 +11,7 @@ from typing import Any
 
 from ... import waits
 from ...core.context import Cluster, Env
+from ...core.procs import alive
 from ...errors import BadInput, NotFound, OperationFailed, WaitTimeout
 from ...gpu.thresholds import thresholds_checked
 from ...slurm.model import is_health_reason
@@ -107,22 +108,6 @@ def start(
 
 def rec_log(env: Env, name: str, rid: str):
     return output_dir(env.store, name, rid) / "worker.log"
-
-
-def alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie child of this very process is dead
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True
 
 
 def reap_dead(env: Env, rec: Records, r: Request) -> Request:
