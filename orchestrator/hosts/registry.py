@@ -55,6 +55,7 @@ SCHEMES = ("unix", "tcp", "ssh")
 MAX_MANAGERS = 3
 JOIN_WAIT_S = 30.0
 ADD_TIMEOUT_S = 10.0
+IMAGE_STREAM_TIMEOUT_S = 600.0  # one call of an image stream to a host (docker load answers at its end)
 
 
 def swarm_mode(store: Store) -> str:
@@ -132,7 +133,10 @@ def add(
         raise EngineUnavailable(f"cannot reach the Docker engine of host {name} at {url}: {_first(e)}") from None
     _check_same_kind(store, name, info)
     others = store.hosts()
-    _check_nodes_run(eng, name, _manager(store)[2].swarm_addr if others else None, log)
+    # the probe image streamed with calls of their own length: a load answers once it is done
+    # (seconds on a busy machine: ADD_TIMEOUT_S cut it, 'Read timed out', with the e2e suite beside it)
+    streamer = engine_for(row, timeout=IMAGE_STREAM_TIMEOUT_S, answer_timeout=ADD_TIMEOUT_S)
+    _check_nodes_run(eng, streamer, name, _manager(store)[2].swarm_addr if others else None, log)
     advertise = _advertise(url, advertise_addr)
     joined = False
     if not others:
@@ -184,11 +188,12 @@ def _check_same_kind(store: Store, name: str, info: EngineInfo) -> None:
         raise BadInput(f"host {name} runs Windows containers ({info.os}): hp needs a Linux engine", "cannot add host")
 
 
-def _check_nodes_run(eng: DockerEngine, name: str, manager: str | None, log: Log) -> None:
-    """A probe container on the host: the FUSE device, mounting, the swarm's ports."""
+def _check_nodes_run(eng: DockerEngine, streamer: DockerEngine, name: str, manager: str | None, log: Log) -> None:
+    """A probe container on the host: the FUSE device, mounting, the swarm's ports (its
+    image streamed through `streamer`, the same engine with long calls)."""
     local = engine_mod.DockerEngine()
     ref, iid = Images(local, DEFAULT).base(log)
-    hostprobe.ensure_image(eng, local, ref, iid, log)
+    hostprobe.ensure_image(streamer, local, ref, iid, log)
     if problems := hostprobe.problems(eng, ref, manager):
         raise BadInput([f"host {name} cannot run hp's nodes: {p}" for p in problems], "cannot add host")
 
