@@ -19,7 +19,8 @@ BACKOFF_S = (30.0, 60.0, 120.0, 300.0)  # after a failed recovery, before trying
 # -- observed facts ------------------------------------------------------------------
 # Container: running | died (exited/dead) | paused (frozen) | starting (created/restarting/removing) | missing
 # Slurm:     ok | absent (no record) | lost (no record for LOST_AFTER_S) | action_reboot | action_replace
-#            | admin_hold | not_responding   (SlurmNode.condition gives all but absent/lost)
+#            | admin_hold | not_responding (DOWN) | unanswered (the flag alone)
+#            (SlurmNode.condition gives all but absent/lost)
 
 # (role, container, slurm) -> (action, only when NodeRecovery is Automatic). First match wins.
 RULES: tuple[tuple[tuple[str, str, str], tuple[Action, bool]], ...] = (
@@ -41,8 +42,11 @@ RULES: tuple[tuple[tuple[str, str, str], tuple[Action, bool]], ...] = (
     ((ANY, "paused", ANY), (Action.RECOVER, True)),
     # A worker or login container died (killed, OOM, slurmd/sackd exited): reboot, then replace.
     ((ANY, "died", ANY), (Action.RECOVER, True)),
-    # The container runs but Slurm says slurmd stopped answering (DOWN / NOT_RESPONDING).
+    # The container runs but Slurm says slurmd stopped answering: DOWN after SlurmdTimeout.
     (("worker", "running", "not_responding"), (Action.RECOVER, True)),
+    # A missed ping (NOT_RESPONDING without DOWN; every node's state for a while after
+    # slurmctld restarts): not a fault yet, Slurm decides within SlurmdTimeout.
+    ((ANY, ANY, "unanswered"), (Action.NONE, False)),
     # The container runs but Slurm has had no record of it for LOST_AFTER_S: a controller
     # restart forgot it (state not saved), and slurmd only registers when it starts.
     (("worker", "running", "lost"), (Action.RECOVER, True)),

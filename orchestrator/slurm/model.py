@@ -182,7 +182,12 @@ class SlurmNode:
 
     def condition(self) -> str:
         """Slurm's view of the node, in the words of the recovery rules:
-        action_replace | action_reboot | admin_hold | not_responding | ok."""
+        action_replace | action_reboot | admin_hold | not_responding | unanswered | ok.
+
+        not_responding is Slurm's verdict: DOWN, once slurmd missed its pings for
+        SlurmdTimeout. The NOT_RESPONDING flag alone (`unanswered`) is one missed ping, and
+        every node carries it for a while after slurmctld restarts (hp upgrade, a reboot of
+        the controller): a node still running its jobs."""
         # Slurm keeps the reason after a resume: only a node still held is asking for action.
         if self.held and self.reason.startswith(ACTION_REPLACE):
             return "action_replace"
@@ -190,8 +195,10 @@ class SlurmNode:
             return "action_reboot"
         if self.admin_hold:
             return "admin_hold"
-        if self.not_responding:
+        if self.base == DOWN:
             return "not_responding"
+        if "NOT_RESPONDING" in self.flags:
+            return "unanswered"
         return "ok"
 
     @property

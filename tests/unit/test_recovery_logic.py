@@ -63,7 +63,8 @@ def test_container_condition(state, expected):
         (sn("DOWN", "NOT_RESPONDING", reason="disk swap"), "admin_hold"),
         (sn("IDLE", "FAIL", reason="bad DIMM"), "admin_hold"),
         (sn("DOWN", "NOT_RESPONDING", "DYNAMIC_NORM", reason="Not responding"), "not_responding"),
-        (sn("IDLE", "NOT_RESPONDING", "DYNAMIC_NORM"), "not_responding"),
+        (sn("IDLE", "NOT_RESPONDING", "DYNAMIC_NORM"), "unanswered"),  # one missed ping
+        (sn("ALLOCATED", "NOT_RESPONDING", "DYNAMIC_NORM"), "unanswered"),  # after slurmctld restarts
         (sn("DOWN", "DYNAMIC_NORM"), "not_responding"),
     ],
 )
@@ -84,6 +85,8 @@ def test_slurm_condition(node, expected):
         ("worker", "paused", "ok", False, Action.NONE),
         ("worker", "running", "not_responding", True, Action.RECOVER),
         ("worker", "running", "not_responding", False, Action.NONE),
+        ("worker", "running", "unanswered", True, Action.NONE),  # one missed ping: Slurm decides
+        ("worker", "paused", "unanswered", True, Action.RECOVER),  # the container's fact first
         ("worker", "running", "action_reboot", False, Action.REBOOT),  # explicit requests, whatever NodeRecovery
         ("worker", "running", "action_replace", False, Action.REPLACE),
         ("worker", "died", "action_replace", True, Action.REPLACE),
