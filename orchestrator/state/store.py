@@ -193,22 +193,35 @@ class Store:
         self._db = sqlite3.connect(self.path, timeout=30, check_same_thread=False, isolation_level=None)
         if fresh:
             os.chmod(self.path, 0o600)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(SCHEMA)
-        self._migrate()
+        waits.until(self._prepare, what=f"opening {self.path} (database is locked)", every=0.1, timeout=30)
         self._file = os.stat(self.path).st_ino  # the file opened (see gone())
+
+    def _prepare(self) -> bool:
+        """WAL mode, the schema and its migrations; False while another process holds a lock
+        that SQLite reports at once, busy handler or not (seen: `PRAGMA journal_mode=WAL`
+        answering "database is locked" to a CLI call beside a busy agent). Each step is
+        idempotent: a retry redoes what the last try did not finish."""
+        try:
+            if self._db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":  # kept by the file once set
+                self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.executescript(SCHEMA)
+            self._migrate()
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e):
+                raise
+            return False
+        return True
 
     def _migrate(self) -> None:
         for table, col, decl in MIGRATIONS:
             cols = {r[1] for r in self._db.execute(f"PRAGMA table_info({table})")}
             if col not in cols:
                 self._db.execute(f"ALTER TABLE {table} ADD COLUMN {col} {decl}")
-        # operations ended before OperationStatus: in its words
-        self._db.execute(
-            f"UPDATE operations SET status=? WHERE status IN ({','.join('?' * len(LEGACY_DONE))})",
-            (OperationStatus.DONE.value, *LEGACY_DONE),
-        )
+        # operations ended before OperationStatus: in its words (a write only where one is left)
+        legacy = f"status IN ({','.join('?' * len(LEGACY_DONE))})"
+        if self._db.execute(f"SELECT 1 FROM operations WHERE {legacy} LIMIT 1", LEGACY_DONE).fetchone():
+            self._db.execute(f"UPDATE operations SET status=? WHERE {legacy}", (OperationStatus.DONE.value, *LEGACY_DONE))
 
     def close(self) -> None:
         self._db.close()

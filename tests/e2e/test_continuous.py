@@ -173,7 +173,8 @@ def test_concurrent_scaling_one_group_short(hp, tmp_path, types):
     t0 = time.monotonic()
     hp("scale", name, "b", "3", check=True)  # waits on capacity
     hp("add-nodes", name, "a", "3", check=True)  # must not wait for b
-    assert time.monotonic() - t0 < 10, "scale calls return at once"
+    # at once: not waiting for b's capacity (600 s); two CLI starts, slow beside the suite on 2 cores
+    assert time.monotonic() - t0 < 30, "scale calls return at once"
     g = wait_until(lambda: (x := groups(hp, name))["a"]["CurrentCount"] == 4 and x, 60, "a reaches 4 while b is short")
     assert g["b"]["CurrentCount"] == 1 and g["b"]["TargetCount"] == 3 and g["b"]["PendingCount"] == 2
     assert g["b"]["ActiveOperations"] and g["b"]["Status"] != "InService"

@@ -1,6 +1,6 @@
 """A cluster across three Docker hosts, for real: each host is a Docker-in-Docker
 container running its own dockerd (tests/hosts/dind.py), registered with `hp hosts add`,
-joined in a swarm by hp. One cluster (1 controller + 1 login + 6 compute) goes through,
+joined in a swarm by hp. One cluster (1 controller + 1 login + 3 compute) goes through,
 in order: spread and a job across hosts, /home shared across hosts, InstanceConnectivity
 across hosts and with one host's overlay traffic cut, `docker kill` of a host (its nodes
 come back on the others with no command), the host started again (stale copies removed,
@@ -40,6 +40,7 @@ pytestmark = pytest.mark.xdist_group("multihost")
 
 NAME = "mhlab"
 CPUS, MEMORY_MIB = 2, 4096  # each host's capacity override (every DinD engine reports the whole machine)
+COMPUTE = 3  # the module cluster's compute nodes: one a host (spread), the fewest that show it
 
 
 @dataclass
@@ -110,7 +111,7 @@ def lab(docker_ok: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[L
         shutil.rmtree(home, ignore_errors=True)
 
 
-def spec(name: str, compute: int = 6, **top: Any) -> dict[str, Any]:
+def spec(name: str, compute: int = COMPUTE, **top: Any) -> dict[str, Any]:
     return {
         "ClusterName": name,
         "NodeRecovery": "Automatic",
@@ -234,8 +235,8 @@ def test_a_cluster_spreads_over_three_hosts_and_shares_home(lab: Lab, tmp_path: 
     nodes = lab.nodes()
     assert nodes["controller-1"]["Host"] == nodes["login-1"]["Host"] == "h1"
     per_host = {h: lab.on_host(h) for h in ("h1", "h2", "h3")}
-    assert [len(v) for v in per_host.values()] == [2, 2, 2], per_host
-    r = hp("exec", NAME, "--", "srun", "-N6", "hostname", check=True)
+    assert [len(v) for v in per_host.values()] == [COMPUTE // 3] * 3, per_host
+    r = hp("exec", NAME, "--", "srun", f"-N{COMPUTE}", "hostname", check=True)
     assert sorted(r.stdout.split()) == sorted(n for n in nodes if n.startswith("cpu"))
     # a job on a compute node of host 2 writes; the login node on host 1 reads it
     on2 = per_host["h2"][0]
@@ -248,7 +249,7 @@ def test_a_cluster_spreads_over_three_hosts_and_shares_home(lab: Lab, tmp_path: 
     # the controller's host cannot go while the controller lives there
     r = hp("hosts", "remove", "h1")
     assert r.returncode == 2 and "holds the controller of cluster" in r.stderr
-    print(f"\ncreate of 1+1+6 over 3 hosts (images streamed to each host included): {lab.notes['create_s']:.1f} s")
+    print(f"\ncreate of 1+1+{COMPUTE} over 3 hosts (images streamed to each host included): {lab.notes['create_s']:.1f} s")
 
 
 def phases(lab: Lab) -> dict[str, tuple[str, str]]:
@@ -288,7 +289,7 @@ def test_instance_connectivity_across_hosts_and_a_host_whose_overlay_is_cut(lab:
     try:
         rid = hp(*args, check=True).stdout.strip()
         req = wait_for(
-            "the initial verdicts", lambda: (d := health_doc(lab)) and len(initial_results(d)) == 6 and d, 240, 1.0
+            "the initial verdicts", lambda: (d := health_doc(lab)) and len(initial_results(d)) == COMPUTE and d, 240, 1.0
         )
     finally:
         lab.harness.cut_overlay(h3, cut=False)
@@ -308,7 +309,7 @@ SRUN_BOUND_S = 20.0  # kill -> srun over every compute node works, as the user s
 
 def test_docker_kill_of_host_3_brings_its_nodes_back_on_the_others(lab: Lab) -> None:
     """What the user sees: every hp command answers within USER_BOUND_S while host 3 is
-    down (naming it unreachable), and srun over all six compute nodes works within
+    down (naming it unreachable), and srun over every compute node works within
     SRUN_BOUND_S of the kill."""
     hp = lab.hp
     on3 = lab.on_host("h3")
@@ -351,9 +352,9 @@ def test_docker_kill_of_host_3_brings_its_nodes_back_on_the_others(lab: Lab) -> 
 
     wait_for("the nodes of host 3 idle on hosts 1 and 2", back, 60, 0.2)
     idle = time.monotonic() - t0
-    r = hp("exec", NAME, "--", "srun", "-N6", "hostname", timeout=60, check=True)
+    r = hp("exec", NAME, "--", "srun", f"-N{COMPUTE}", "hostname", timeout=60, check=True)
     srun = time.monotonic() - t0
-    assert len(set(r.stdout.split())) == 6
+    assert len(set(r.stdout.split())) == COMPUTE
     # host 3 is still down (the host watcher has marked it lost by now)
     assert "h3" in json.loads(timed("describe", "describe", NAME, "--json").stdout)["UnreachableHosts"]
     timed("exec", "exec", NAME, "--", "hostname")
@@ -365,7 +366,7 @@ def test_docker_kill_of_host_3_brings_its_nodes_back_on_the_others(lab: Lab) -> 
         f"(bound {USER_BOUND_S:g} s; with every host up, medians of 3: "
         + ", ".join(f"{k} {v:.2f} s" for k, v in floor.items())
         + f"); {', '.join(on3)} idle on hosts 1 and 2 in hp nodes at {idle:.1f} s; "
-        f"srun -N6 done at {srun:.1f} s (bound {SRUN_BOUND_S:g} s)"
+        f"srun -N{COMPUTE} done at {srun:.1f} s (bound {SRUN_BOUND_S:g} s)"
     )
     assert not seen, seen
     assert named[0], "the first hp nodes after the kill names host h3 as unreachable"
@@ -394,11 +395,11 @@ def test_host_3_back_has_its_stale_copies_removed_and_no_node_doubled(lab: Lab) 
     print(f"\nhost 3 answered {up:.1f} s after it was started again; its stale copies are gone")
     r = hp("exec", NAME, "--", "scontrol", "show", "nodes", "--oneliner", check=True)
     names = [w.split("=", 1)[1] for line in r.stdout.splitlines() for w in line.split() if w.startswith("NodeName=")]
-    assert sorted(names) == sorted(set(names)) and len([n for n in names if n.startswith("cpu")]) == 6
+    assert sorted(names) == sorted(set(names)) and len([n for n in names if n.startswith("cpu")]) == COMPUTE
     running = []
     for i in (1, 2, 3):
         running += [c for c in lab.labelled(i, NAME)["containers"] if "-cpu-" in c]
-    assert len(running) == len(set(running)) == 6, running  # one container per node, over all hosts
+    assert len(running) == len(set(running)) == COMPUTE, running  # one container per node, over all hosts
     assert json.loads(hp("hosts", "list", "--json", check=True).stdout)["Hosts"][2]["Reachable"]
 
 
