@@ -221,7 +221,9 @@ class Store:
         # operations ended before OperationStatus: in its words (a write only where one is left)
         legacy = f"status IN ({','.join('?' * len(LEGACY_DONE))})"
         if self._db.execute(f"SELECT 1 FROM operations WHERE {legacy} LIMIT 1", LEGACY_DONE).fetchone():
-            self._db.execute(f"UPDATE operations SET status=? WHERE {legacy}", (OperationStatus.DONE.value, *LEGACY_DONE))
+            self._db.execute(
+                f"UPDATE operations SET status=? WHERE {legacy}", (OperationStatus.DONE.value, *LEGACY_DONE)
+            )
 
     def close(self) -> None:
         self._db.close()

@@ -249,7 +249,9 @@ def test_a_cluster_spreads_over_three_hosts_and_shares_home(lab: Lab, tmp_path: 
     # the controller's host cannot go while the controller lives there
     r = hp("hosts", "remove", "h1")
     assert r.returncode == 2 and "holds the controller of cluster" in r.stderr
-    print(f"\ncreate of 1+1+{COMPUTE} over 3 hosts (images streamed to each host included): {lab.notes['create_s']:.1f} s")
+    print(
+        f"\ncreate of 1+1+{COMPUTE} over 3 hosts (images streamed to each host included): {lab.notes['create_s']:.1f} s"
+    )
 
 
 def phases(lab: Lab) -> dict[str, tuple[str, str]]:
@@ -289,7 +291,10 @@ def test_instance_connectivity_across_hosts_and_a_host_whose_overlay_is_cut(lab:
     try:
         rid = hp(*args, check=True).stdout.strip()
         req = wait_for(
-            "the initial verdicts", lambda: (d := health_doc(lab)) and len(initial_results(d)) == COMPUTE and d, 240, 1.0
+            "the initial verdicts",
+            lambda: (d := health_doc(lab)) and len(initial_results(d)) == COMPUTE and d,
+            240,
+            1.0,
         )
     finally:
         lab.harness.cut_overlay(h3, cut=False)
