@@ -580,6 +580,10 @@ class FakeSlurm:
         self._check()
         return list(self.nodes_.values())
 
+    def node_digest(self) -> str:
+        self._check()
+        return repr(sorted((n.name, n.state, n.reason) for n in self.nodes_.values()))
+
     def job(self, job_id: int) -> JobInfo | None:
         self._check()
         return self.jobs.get(job_id)

@@ -40,6 +40,9 @@ from .rules import (
 log = logging.getLogger("hp.watch")
 
 POLL_S = 2.0
+# Slurm's full node records (scontrol's JSON) are read when a cheap look (node_digest) differs
+# from the last one, and at least this often
+FULL_EVERY_S = 10.0
 # After hp takes a worker, how long the watcher looks for `srun --auto-resume` retries
 # (each one an event): the plugin's --auto-resume-timeout default, and a margin.
 RETRY_WATCH_S = 660.0
@@ -77,6 +80,7 @@ class RecoveryWatcher(Controller):
         self._absent_since: dict[str, float] = {}  # running workers Slurm has no record of
         self._retries_until = 0.0  # look for auto-resume retries until then (RETRY_WATCH_S)
         self._retries_seen: set[int] = set()
+        self._full: tuple[str, float, dict[str, SlurmNode]] | None = None  # digest, when, nodes
 
     # -- the controller ---------------------------------------------------------------
     def reconcile(self, key: str) -> Result:
@@ -122,7 +126,7 @@ class RecoveryWatcher(Controller):
         answered = False
         if ctl is not None and ctl.running:
             try:
-                snodes = {n.name: n for n in self.cluster.slurm.nodes()}
+                snodes = self._slurm_nodes()
                 answered = True
             except TRANSIENT as e:  # the controller may be restarting
                 log.info("Slurm of %s did not answer: %s", self.name, e)
@@ -150,6 +154,15 @@ class RecoveryWatcher(Controller):
                 why = f"Slurm has no record of it for {LOST_AFTER_S:g} s"
             self.consider(Seen(node, role, cond, scond, at, why), automatic, recorded.get(node))
         return True
+
+    def _slurm_nodes(self) -> dict[str, SlurmNode]:
+        """Slurm's nodes: the last full read while the digest stays the same (FULL_EVERY_S
+        at most). The digest is taken first: a change after it shows in the next one."""
+        slurm = self.cluster.slurm
+        digest, now = slurm.node_digest(), time.monotonic()
+        if self._full is None or self._full[0] != digest or now - self._full[1] >= FULL_EVERY_S:
+            self._full = (digest, now, {n.name: n for n in slurm.nodes()})
+        return self._full[2]
 
     def _record_retries(self) -> None:
         """Each `srun --auto-resume` retry Slurm shows (the job that grew its job back) once

@@ -42,8 +42,12 @@ from .accounting import (
 
 log = logging.getLogger("hp.services")
 
-POLL_S = 2.0  # the containers' states (one list call)
-HEALTH_EVERY_S = 10.0  # accounting's health (sacctmgr ping: one exec)
+# the containers' states (one list call of every container of the cluster), and accounting's
+# health (sacctmgr ping: one exec): a safety net, since a service host's die, destroy or
+# pause wakes the watch at once (`watch`); every 2 s it was a third of an idle agent's
+# listings at 60 nodes
+POLL_S = 10.0
+HEALTH_EVERY_S = 10.0
 HUNG_AFTER_S = 30.0
 SETTLE_S = 0.5  # after an event or a death, give the engine's state and Docker's restart policy a moment
 BACKOFF_S = 30.0
@@ -52,7 +56,7 @@ HANDS_OFF = (ClusterStatus.DELETING, ClusterStatus.ROLLING_BACK, ClusterStatus.F
 
 class ServiceWatch(Controller):
     kind = "services"
-    backoff = (POLL_S,)  # the engine or Slurm did not answer: next round
+    backoff = (2.0,)  # the engine or Slurm did not answer: soon again
 
     def __init__(self, env: Env, name: str):
         self.env = env

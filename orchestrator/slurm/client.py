@@ -51,6 +51,10 @@ class Slurm(Protocol):
     def nodes(self) -> list[SlurmNode]:
         """Every node slurmctld knows. OperationFailed when it does not answer."""
 
+    def node_digest(self) -> str:
+        """A cheap look at every node's name, full state and reason: when two are equal, so
+        are those of `nodes` (partitions, features and addresses aside)."""
+
     def job(self, job_id: int) -> JobInfo | None:
         """One job, also one that ended in the last MinJobAge seconds; None if unknown."""
 
@@ -219,6 +223,11 @@ class SlurmCli:
 
     def nodes(self) -> list[SlurmNode]:
         return parse_nodes(self._run("scontrol", "show", "nodes", "--json"))
+
+    def node_digest(self) -> str:
+        # sinfo's line a node and partition, every field whole (width 0): 10 KB at 160 nodes
+        # where `nodes`' JSON is 416 KB, whose parse was half of an idle agent's CPU there
+        return self._run("sinfo", "-h", "-N", "-O", "NodeList:0|,StateComplete:0|,Reason:0|")
 
     def job(self, job_id: int) -> JobInfo | None:
         try:

@@ -221,3 +221,27 @@ def test_rebooted_for_reads_the_history_since_the_container_was_made():
     replaced = rebooted + [rec("Replacing", f"replacing: GPU finding: {mark}", 6.0), rec("Running", "", 7.0)]
     assert not rebooted_for(replaced, mark)  # a new container: its reboots are to come
     assert not rebooted_for([], mark)
+
+
+def test_the_poll_reads_slurms_full_records_only_when_the_digest_changed_or_they_are_old(monkeypatch):
+    from types import SimpleNamespace
+
+    from fakes import FakeSlurm
+
+    from orchestrator.recovery import watcher as watcher_mod
+
+    slurm = FakeSlurm()
+    slurm.nodes_["cpu-1"] = sn("IDLE", "DYNAMIC_NORM")
+    full = []
+    real = slurm.nodes
+    monkeypatch.setattr(slurm, "nodes", lambda: full.append(1) or real())
+    w = RecoveryWatcher(_Env(), "x")
+    w.cluster = SimpleNamespace(slurm=slurm)
+    for _ in range(3):
+        assert w._slurm_nodes()["cpu-1"].base == "IDLE"
+    assert len(full) == 1  # nothing changed: one full read
+    slurm.nodes_["cpu-1"] = sn("IDLE", "DRAIN", reason="Action:Reboot")
+    assert w._slurm_nodes()["cpu-1"].reason == "Action:Reboot" and len(full) == 2
+    monkeypatch.setattr(watcher_mod, "FULL_EVERY_S", 0.0)  # old: read again, digest or not
+    w._slurm_nodes()
+    assert len(full) == 3
