@@ -182,15 +182,21 @@ def hp(docker_ok: None, tmp_path_factory: pytest.TempPathFactory, request: pytes
 
 
 def wait_until(fn: Any, timeout: float, what: str, poll: float = 0.5) -> Any:
-    """fn's first true value within `timeout` s; else an AssertionError with its last one."""
+    """fn's first true value within `timeout` s; else an AssertionError with its last one.
+    A look that took longer than `poll` (an `hp` call on a loaded machine: 0.3-0.6 s of CPU
+    each) is followed by as long a pause, so that a wait never keeps more than half a core
+    busy with its looks while the suite's other tests need the CPU; the last look is at the
+    deadline."""
     deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
+    while True:
+        t = time.monotonic()
         last = fn()
         if last:
             return last
-        time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}; last: {last!r}")
+        now = time.monotonic()
+        if now >= deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}; last: {last!r}")
+        time.sleep(min(max(poll, now - t), deadline - now))
 
 
 def put_file(container: Any, path: str, text: str, uid: int = 1000) -> None:

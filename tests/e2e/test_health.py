@@ -254,9 +254,10 @@ def in_service(state: str) -> bool:
 def wait_until(what, timeout: float, step: float = 0.5):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        t = time.monotonic()
         if v := what():
             return v
-        time.sleep(step)
+        time.sleep(max(step, time.monotonic() - t))  # a slow look (a loaded machine): as long a pause
     raise AssertionError(f"timed out after {timeout:g} s")
 
 

@@ -105,13 +105,14 @@ def wait_event(hp: Hp, name: str, *parts: str, timeout: float = 15) -> str:
     """The first event holding every part (recovery writes its event right after the node is back)."""
     t0 = time.monotonic()
     while True:
+        t = time.monotonic()
         ev = events(hp, name)
         hit = next((e for e in ev if all(p in e for p in parts)), None)
         if hit is not None:
             return hit
         if time.monotonic() - t0 > timeout:
             raise AssertionError(f"no event with {parts} in {ev}")
-        time.sleep(0.2)
+        time.sleep(max(0.2, time.monotonic() - t))  # a slow `hp events` (a loaded machine): as long a pause
 
 
 def node_row(hp: Hp, name: str, node: str) -> dict[str, Any]:
