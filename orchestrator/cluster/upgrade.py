@@ -47,7 +47,7 @@ from ..services.accounting import controller_files, service_containers
 from ..slurm.conf import render
 from ..slurm.model import REASON_PREFIX, SlurmNode
 from ..state.operations import Operation, OperationKind, OperationStatus
-from ..state.phases import Phase, allowed
+from ..state.phases import Owner, Phase, allowed, owner_of
 from ..state.transitions import ClusterStatus
 
 log = logging.getLogger("hp.upgrade")
@@ -232,13 +232,28 @@ class Upgrading(Controller):
         if cut:
             self._replace(cluster, op, cut, refs, to, {})
             return Result(0.0)
-        login = sorted(n for n, c in nodes.items() if c.role == "login" and not upgraded(c, to))
+        # a node another actor holds now (recovery rebooting a container that died, a health
+        # check, its removal) is left to it and looked at again once it is done: never two
+        # actors on one node (seen: recovery rebooting a killed 26.05 container while the
+        # upgrade replaced it). Provisioning's nodes (a launch that failed) are the upgrade's
+        # to replace, as before.
+        now = time.time()
+        held = {
+            n
+            for n, rec in latest.items()
+            if owner_of(rec, now) in (Owner.RECOVERY, Owner.HEALTH, Owner.REMOVAL)
+            and not (rec.phase is Phase.REPLACING and rec.message == actions.replacing(why(to)))
+        }
+        behind = {n: c for n, c in nodes.items() if c.role in ("login", "worker") and not upgraded(c, to)}
+        login = sorted(n for n, c in behind.items() if c.role == "login" and n not in held)
         if login:
             self._replace(cluster, op, login, refs, to, {n: nodes[n].group for n in login})
             return Result(0.0)
-        workers = {n: c for n, c in nodes.items() if c.role == "worker" and not upgraded(c, to)}
+        workers = {n: c for n, c in behind.items() if c.role == "worker" and n not in held}
         if workers:
             return self._workers(cluster, op, workers, refs, to, int(p.get("BatchSize", 1)))
+        if behind:  # only nodes someone else holds are left
+            return Result(STEP_POLL_S)
         self._finish(cluster, op, p)
         return Result(IDLE_POLL_S)
 

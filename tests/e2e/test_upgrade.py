@@ -147,27 +147,37 @@ def test_upgrade_under_load_with_agent_killed(hp: Hp) -> None:
 
 
 class Killer(threading.Thread):
-    """The fault: every container of `container` made on release `release`'s image is
-    `docker kill`ed as soon as it runs (docker ps every 0.1 s), until stopped."""
+    """The fault: every start of a container named `container` on release `release`'s image
+    (a new one, or one restarted by a reboot) is answered by `docker kill`, from Docker's
+    event stream: at once, however loaded the machine (a `docker ps` poll every 0.1 s was
+    seconds late under the suite's load, and a replacement came up before its kill)."""
 
     def __init__(self, container: str, release: str):
         super().__init__(daemon=True)
         self.container, self.release = container, release
         self.stop = threading.Event()
-        self.killed: list[str] = []
+        self.killed: list[str] = []  # each container once, however often it was killed
+        self.events = subprocess.Popen(
+            ["docker", "events", "--filter", "type=container", "--filter", "event=start",
+             "--filter", f"container={container}", "--format", "{{.ID}} {{.From}} {{.Actor.Attributes.name}}"],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
 
     def run(self) -> None:
-        while not self.stop.wait(0.1):
-            ps = subprocess.run(
-                ["docker", "ps", "--filter", f"name=^/{self.container}$", "--format", "{{.ID}} {{.Image}}"],
-                capture_output=True,
-                text=True,
-            )
-            for line in ps.stdout.splitlines():
-                cid, image = line.split()
-                if image.rsplit(":", 1)[-1].startswith(f"{self.release}-") and cid not in self.killed:
-                    subprocess.run(["docker", "kill", cid], capture_output=True)
-                    self.killed.append(cid)
+        assert self.events.stdout is not None
+        for line in self.events.stdout:
+            cid, image, name = line.split()
+            if self.stop.is_set():
+                return
+            if name == self.container and image.rsplit(":", 1)[-1].startswith(f"{self.release}-"):
+                subprocess.run(["docker", "kill", cid], capture_output=True)
+                if cid[:12] not in self.killed:
+                    self.killed.append(cid[:12])
+
+    def join(self, timeout: float | None = None) -> None:
+        self.stop.set()
+        self.events.terminate()
+        super().join(timeout)
 
 
 def test_a_node_that_cannot_come_back_is_retried_then_reported(hp: Hp) -> None:

@@ -240,3 +240,28 @@ def test_cli_json(tmp_path, monkeypatch) -> None:
     assert doc["Status"] == "InProgress" and doc["Groups"]["cpu"] == {"Nodes": 2, "Upgraded": 0}
     r = CliRunner().invoke(app, ["upgrade", "lab", "--slurm", "24.11"])
     assert isinstance(r.exception, BadInput) and r.exception.exit_code == 2
+
+
+def test_a_node_recovery_holds_is_left_to_it_and_the_upgrade_waits_for_it(tmp_path) -> None:
+    """The e2e run of 2026-12-07: cpu-2's new container died, recovery rebooted it, and the
+    upgrade replaced it meanwhile. A node recovery (or a health check) holds is not the
+    upgrade's until it is Running again; the upgrade does not end without it."""
+    w = world(tmp_path)
+    lab(w)
+    upgrade.start(w.env, "lab", "26.05", batch_size=4)
+    ctrl = Upgrading(w.env, "lab")
+    ctrl.reconcile("")  # the controller
+    ctrl.reconcile("")  # login
+    cpu2 = w.provider.node("lab", "cpu-2").id
+    w.env.store.set_phase("lab", "cpu-2", Phase.REBOOTING, "rebooting: container died (exit 137)")
+    for _ in range(10):
+        ctrl.reconcile("")
+    assert w.provider.node("lab", "cpu-2").id == cpu2  # untouched, not drained
+    assert not w.slurm.nodes_["cpu-2"].drained
+    assert release_of(w.provider.node("lab", "cpu-1").spec.image) == "26.05"  # the others went on
+    op = upgrade.active(w.env, "lab")
+    assert op is not None  # not finished without cpu-2
+    w.env.store.set_phase("lab", "cpu-2", Phase.RUNNING, "")  # recovery is done with it
+    drive(w, ctrl)
+    assert release_of(w.provider.node("lab", "cpu-2").spec.image) == "26.05"
+    assert upgrade.active(w.env, "lab") is None
