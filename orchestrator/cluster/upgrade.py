@@ -218,19 +218,20 @@ class Upgrading(Controller):
         if self._phase(cluster.controller_node) == Phase.REPLACING:  # made by an agent killed before it answered
             self._controller_up(cluster, op, ctl.id, to, time.monotonic())
             return Result(0.0)
-        # a node whose replacement began (its container removed) in an agent killed before the
-        # new one was made: launched on the new release now, not left Pending with no container
+        # a node whose replacement began in an agent killed before the new container ran (the
+        # old one removed; or the new one made, not started): launched on the new release now,
+        # not left Pending with no running container (both seen in the agent-kill test)
         latest = cluster.store.latest_phases(self.name)
         cut = sorted(
             n
             for n, rec in latest.items()
-            if n not in nodes
+            if (n not in nodes or not nodes[n].running)
             and n != cluster.controller_node
             and rec.phase is Phase.REPLACING
             and rec.message == actions.replacing(why(to))
         )
         if cut:
-            self._replace(cluster, op, cut, refs, to, {})
+            self._replace(cluster, op, cut, refs, to, {n: nodes[n].group for n in cut if n in nodes})
             return Result(0.0)
         # a node another actor holds now (recovery rebooting a container that died, a health
         # check, its removal) is left to it and looked at again once it is done: never two

@@ -265,3 +265,22 @@ def test_a_node_recovery_holds_is_left_to_it_and_the_upgrade_waits_for_it(tmp_pa
     drive(w, ctrl)
     assert release_of(w.provider.node("lab", "cpu-2").spec.image) == "26.05"
     assert upgrade.active(w.env, "lab") is None
+
+
+def test_a_node_whose_new_container_an_agent_killed_mid_replace_never_started_is_replaced_again(tmp_path) -> None:
+    """The local e2e run of 2026-12-07 (agent SIGKILLed during login-1's replacement): the new
+    26.05 container was made but never started; the next agent counted it upgraded and ended
+    Done with login-1 Pending and not running."""
+    w = world(tmp_path)
+    lab(w)
+    upgrade.start(w.env, "lab", "26.05", batch_size=2)
+    ctrl = Upgrading(w.env, "lab")
+    ctrl.reconcile("")  # the controller
+    w.env.store.set_phase("lab", "login-1", Phase.REPLACING, actions.replacing(upgrade.why("26.05")))
+    new = w.provider.node("lab", "login-1")
+    new.spec.image = new.spec.image.replace(":24.11-", ":26.05-")
+    new.state = "created"  # ...made on the new release, and the agent died before it started
+    drive(w, Upgrading(w.env, "lab"))
+    login = w.provider.node("lab", "login-1")
+    assert login.state == "running" and release_of(login.spec.image) == "26.05"
+    assert w.env.store.latest_phases("lab").phase("login-1") is Phase.RUNNING
