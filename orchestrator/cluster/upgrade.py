@@ -90,8 +90,9 @@ def release_of(image: str) -> str | None:
 
 def upgraded(c: Container, to: str) -> bool:
     """A node is on release `to` when its container runs that release's image: one that
-    exited (a replacement that did not come up) is not, and is tried again."""
-    return release_of(c.image) == to and not c.dead
+    exited (a replacement that did not come up), or one made and never started (its agent
+    killed in between), is not, and is replaced again."""
+    return release_of(c.image) == to and c.running
 
 
 def params(env: Env, op: Operation) -> dict[str, Any]:
@@ -218,20 +219,17 @@ class Upgrading(Controller):
         if self._phase(cluster.controller_node) == Phase.REPLACING:  # made by an agent killed before it answered
             self._controller_up(cluster, op, ctl.id, to, time.monotonic())
             return Result(0.0)
-        # a node whose replacement began in an agent killed before the new container ran (the
-        # old one removed; or the new one made, not started): launched on the new release now,
-        # not left Pending with no running container (both seen in the agent-kill test)
+        # a node whose replacement began (its container removed) in an agent killed before the
+        # new one was made: launched on the new release now, not left Pending with no container
         latest = cluster.store.latest_phases(self.name)
+        ours = actions.replacing(why(to))  # the record of a node this upgrade is replacing
         cut = sorted(
             n
             for n, rec in latest.items()
-            if (n not in nodes or not nodes[n].running)
-            and n != cluster.controller_node
-            and rec.phase is Phase.REPLACING
-            and rec.message == actions.replacing(why(to))
+            if n not in nodes and n != cluster.controller_node and rec.phase is Phase.REPLACING and rec.message == ours
         )
         if cut:
-            self._replace(cluster, op, cut, refs, to, {n: nodes[n].group for n in cut if n in nodes})
+            self._replace(cluster, op, cut, refs, to, {})
             return Result(0.0)
         # a node another actor holds now (recovery rebooting a container that died, a health
         # check, its removal) is left to it and looked at again once it is done: never two
@@ -243,7 +241,7 @@ class Upgrading(Controller):
             n
             for n, rec in latest.items()
             if owner_of(rec, now) in (Owner.RECOVERY, Owner.HEALTH, Owner.REMOVAL)
-            and not (rec.phase is Phase.REPLACING and rec.message == actions.replacing(why(to)))
+            and not (rec.phase is Phase.REPLACING and rec.message == ours)
         }
         behind = {n: c for n, c in nodes.items() if c.role in ("login", "worker") and not upgraded(c, to)}
         login = sorted(n for n, c in behind.items() if c.role == "login" and n not in held)

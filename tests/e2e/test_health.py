@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 
 import pytest
 from conftest import small_spec, write_spec
+from conftest import wait_until as conftest_wait_until
 
 STRESS = ["--stress-seconds", "2", "--vm-bytes", "64M"]
 
@@ -252,13 +253,7 @@ def in_service(state: str) -> bool:
 
 
 def wait_until(what, timeout: float, step: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        t = time.monotonic()
-        if v := what():
-            return v
-        time.sleep(max(step, time.monotonic() - t))  # a slow look (a loaded machine): as long a pause
-    raise AssertionError(f"timed out after {timeout:g} s")
+    return conftest_wait_until(what, timeout, "the health check's state", poll=step)
 
 
 def test_on_start_checks_keep_new_nodes_out_of_jobs_until_they_pass(hp, tmp_path):
