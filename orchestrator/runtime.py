@@ -78,6 +78,11 @@ class Controller:
         assert self.runtime is not None, f"{self.kind} is on no runtime"
         return self.runtime.offer(self.kind, key)
 
+    def enqueue(self, key: str, after: float = 0.0) -> None:
+        """`key` within `after` seconds, after its run if it runs now (Runtime.enqueue)."""
+        assert self.runtime is not None, f"{self.kind} is on no runtime"
+        self.runtime.enqueue(self.kind, key, after)
+
     def reconcile(self, key: str) -> Result:  # pragma: no cover - every controller writes its own
         raise NotImplementedError
 

@@ -37,7 +37,6 @@ from .. import assembly
 from ..cluster.create import has_gpus
 from ..cluster.reconciler import RESYNC, GroupReconciler
 from ..cluster.upgrade import Upgrading
-from ..core.agents import DEAD_STATUSES
 from ..core.context import Cluster, Env
 from ..core.launcher import Launcher
 from ..core.procs import alive
@@ -54,7 +53,7 @@ from ..spec.model import InstanceGroup
 from ..state.health_requests import Records
 from ..state.operations import ROLLS_BACK, Operation, OperationStatus
 from ..state.phases import NodePhase, Phase
-from ..state.transitions import ClusterStatus
+from ..state.transitions import ENDING, ClusterStatus
 from .gpuwatch import GpuWatch
 from .onstart_queue import OnStartQueue
 
@@ -74,134 +73,107 @@ class Agent:
         """Look at the cluster's record now (SIGUSR1 from `hp scale`: its spec changed)."""
         self.runtime.enqueue(Provisioning.kind, CLUSTER)
 
-    def _sleep(self, seconds: float) -> None:
-        self.stop.wait(seconds)
-
-    def _onstart_queue(self) -> OnStartQueue:
-        cluster = Cluster(self.env, self.name)
-
-        def on_error(batch: list[str], e: BaseException) -> None:
-            if isinstance(e, TRANSIENT):
-                self.env.store.event(
-                    self.name,
-                    "Cluster",
-                    "Error",
-                    f"On-start deep health checks of {', '.join(batch)} could not run: {e}; "
-                    "the nodes stay drained (hp health-check start to retry)",
-                )
-            else:
-                report_bug(self.env.store, self.name, f"on-start checks of {', '.join(batch)}", e, log)
-
-        return OnStartQueue(lambda nodes: check_new_nodes(cluster, nodes), ClusterBusy, on_error, self.runtime.enqueue)
-
     def run(self) -> int:
         """The cluster's controllers on one runtime (orchestrator/runtime.py), until the
         cluster is gone or the agent is stopped."""
-        env = self.env
-        if env.store.cluster(self.name) is None:  # e.g. `python -m orchestrator.agent` by hand, a typo
-            log.error("cluster %r does not exist: no agent for it", self.name)
+        env, name, rt = self.env, self.name, self.runtime
+        if env.store.cluster(name) is None:  # e.g. `python -m orchestrator.agent` by hand, a typo
+            log.error("cluster %r does not exist: no agent for it", name)
             return 2
-        cluster = Cluster(env, self.name)
-        rt = self.runtime
-        onstart = self._onstart_queue()
-        rt.add(Provisioning(self, cluster, onstart.add))
-        rt.add(RecoveryWatcher(env, self.name))
+        cluster = Cluster(env, name)
+
+        def onstart_failed(batch: list[str], e: BaseException) -> None:
+            if not isinstance(e, TRANSIENT):
+                report_bug(env.store, name, f"on-start checks of {', '.join(batch)}", e, log)
+                return
+            why = f"On-start deep health checks of {', '.join(batch)} could not run: {e}; "
+            env.store.event(name, "Cluster", "Error", why + "the nodes stay drained (hp health-check start to retry)")
+
+        onstart = OnStartQueue(lambda nodes: check_new_nodes(cluster, nodes), ClusterBusy, onstart_failed)
+        rt.add(Provisioning(cluster, onstart.add, self.stop))
+        rt.add(RecoveryWatcher(env, name))
         if env.provider.places_nodes:  # hosts lost and back (hosts/hostwatch.py)
-            rt.add(HostWatch(env, self.name))
-        rt.add(ServiceWatch(env, self.name))
+            rt.add(HostWatch(env, name))
+        rt.add(ServiceWatch(env, name))
         if has_gpus(cluster.spec, env.catalogue):  # passive GPU monitoring (agent/gpuwatch.py)
-            rt.add(GpuWatch(env, self.name))
+            rt.add(GpuWatch(env, name))
         rt.add(onstart)
-        rt.add(Upgrading(env, self.name))  # hp upgrade: the cluster onto another Slurm release
+        rt.add(Upgrading(env, name))  # hp upgrade: the cluster onto another Slurm release
         # the loopback endpoints (metrics, the REST front): a bug in them is reported; the rest goes on
-        guarded(
-            env.store,
-            self.name,
-            "the metrics and REST endpoints",
-            log,
-            Endpoints(env, self.name, Records(env.store).summary).start,
-        )
+        endpoints = Endpoints(env, name, Records(env.store).summary)
+        guarded(env.store, name, "the metrics and REST endpoints", log, endpoints.start)
         rt.start()
         self.stop.wait()
         rt.shutdown()
         return 0
 
-    def _slurm_nodes(self, cluster: Cluster) -> dict[str, SlurmNode] | None:
-        try:
-            return {n.name: n for n in cluster.slurm.nodes()}
-        except TRANSIENT as e:  # controller down or restarting: unknown for now
-            log.info("Slurm did not answer: %s", e)
-            return None
 
-    def _sync_status(self, cluster: Cluster) -> None:
-        """Passive sync of the cluster's status and its scaling operations: close those that
-        converged; in all-or-nothing mode, roll back a scale-up that could not be fully
-        provisioned (the group returns to its previous count and the nodes it started are
-        removed); a cluster still Creating becomes InService once every group is full."""
-        store = self.env.store
-        ops = store.operations(self.name)
-        row = store.cluster(self.name)
-        if not ops and (row is None or row.status != ClusterStatus.CREATING):
-            return
-        latest = store.latest_phases(self.name)
+def slurm_nodes(cluster: Cluster) -> dict[str, SlurmNode] | None:
+    """Slurm's nodes; None while the controller does not answer (unknown, never "no nodes")."""
+    try:
+        return {n.name: n for n in cluster.slurm.nodes()}
+    except TRANSIENT as e:  # controller down or restarting: unknown for now
+        log.info("Slurm did not answer: %s", e)
+        return None
 
-        def phases(g: InstanceGroup) -> list[NodePhase]:
-            return [r for n, r in latest.items() if group_prefix(n) == g.InstanceGroupName.lower()]
 
-        for op in ops:
-            if not op.kind.changes_count:  # health checks, recovery by hand, upgrades: their own code ends them
-                continue
-            g = cluster.spec.group(op.group)
-            if g is None:
-                store.end_operation(op.id, OperationStatus.FAILED, "group no longer exists")
-                continue
-            ph = phases(g)
-            failed = [r.message for r in ph if r.phase is Phase.LAUNCH_FAILED]
-            if failed and not cluster.spec.continuous and op.kind in ROLLS_BACK and op.previous is not None:
-                self._roll_back(cluster, op, g, failed[0])
-                continue
-            running = sum(1 for r in ph if r.phase is Phase.RUNNING)
-            busy = any(r.phase in (Phase.QUEUED, Phase.LAUNCHING, Phase.LAUNCH_FAILED, Phase.SHUTTING_DOWN) for r in ph)
-            if running == g.InstanceCount and not busy:
-                store.end_operation(op.id, OperationStatus.DONE)
-                store.event(
-                    self.name,
-                    "InstanceGroup",
-                    "Info",
-                    f"{op.kind} of instance group {g.InstanceGroupName} in cluster {self.name} completed: "
-                    f"{running} node(s)",
-                    g.InstanceGroupName,
-                    operation=op.id,
-                )
-        if row is not None and row.status == ClusterStatus.CREATING:
-            done = all(
-                sum(1 for r in phases(g) if r.phase is Phase.RUNNING) >= g.InstanceCount
-                for g in cluster.spec.InstanceGroups
-                if g.node_type != "Controller"
-            )
-            if done:
-                # expect: a delete may have begun since the row was read
-                store.set_status(self.name, ClusterStatus.IN_SERVICE, expect=ClusterStatus.CREATING)
+def sync_status(cluster: Cluster) -> None:
+    """Passive sync of the cluster's status and its scaling operations: close those that
+    converged; in all-or-nothing mode, roll back a scale-up that could not be fully
+    provisioned (the group returns to its previous count and the nodes it started are
+    removed); a cluster still Creating becomes InService once every group is full."""
+    store, name = cluster.store, cluster.name
+    ops = store.operations(name)
+    row = store.cluster(name)
+    if not ops and (row is None or row.status != ClusterStatus.CREATING):
+        return
+    latest = store.latest_phases(name)
 
-    def _roll_back(self, cluster: Cluster, op: Operation, g: InstanceGroup, why: str) -> None:
-        store = self.env.store
-        msg = (
-            f"Scaling instance group {g.InstanceGroupName} in cluster {self.name} to {op.target} failed "
-            f"(all-or-nothing), rolling back to {op.previous}: {why}"
-        )
+    def phases(g: InstanceGroup) -> list[NodePhase]:
+        return [r for n, r in latest.items() if group_prefix(n) == g.InstanceGroupName.lower()]
 
-        def revert(
-            spec: dict[str, Any], prev: int | None = op.previous, gname: str = g.InstanceGroupName
-        ) -> dict[str, Any]:
-            for ig in spec["InstanceGroups"]:
-                if ig["InstanceGroupName"] == gname:
-                    ig["InstanceCount"] = prev
-            return spec
+    for op in ops:
+        if not op.kind.changes_count:  # health checks, recovery by hand, upgrades: their own code ends them
+            continue
+        g = cluster.spec.group(op.group)
+        if g is None:
+            store.end_operation(op.id, OperationStatus.FAILED, "group no longer exists")
+            continue
+        ph = phases(g)
+        failed = [r.message for r in ph if r.phase is Phase.LAUNCH_FAILED]
+        if failed and not cluster.spec.continuous and op.kind in ROLLS_BACK and op.previous is not None:
+            _roll_back(cluster, op, g.InstanceGroupName, failed[0])
+            continue
+        running = sum(1 for r in ph if r.phase is Phase.RUNNING)
+        busy = any(r.phase in (Phase.QUEUED, Phase.LAUNCHING, Phase.LAUNCH_FAILED, Phase.SHUTTING_DOWN) for r in ph)
+        if running == g.InstanceCount and not busy:
+            store.end_operation(op.id, OperationStatus.DONE)
+            what = f"{op.kind} of instance group {g.InstanceGroupName} in cluster {name} completed: {running} node(s)"
+            store.event(name, "InstanceGroup", "Info", what, g.InstanceGroupName, operation=op.id)
+    if row is not None and row.status == ClusterStatus.CREATING:
+        groups = [g for g in cluster.spec.InstanceGroups if g.node_type != "Controller"]
+        if all(sum(1 for r in phases(g) if r.phase is Phase.RUNNING) >= g.InstanceCount for g in groups):
+            # expect: a delete may have begun since the row was read
+            store.set_status(name, ClusterStatus.IN_SERVICE, expect=ClusterStatus.CREATING)
 
-        store.update_spec(self.name, revert)
-        store.end_operation(op.id, OperationStatus.FAILED, msg)
-        store.event(self.name, "InstanceGroup", "Error", msg, g.InstanceGroupName, operation=op.id)
-        cluster.reload()
+
+def _roll_back(cluster: Cluster, op: Operation, group: str, why: str) -> None:
+    store, name = cluster.store, cluster.name
+    msg = (
+        f"Scaling instance group {group} in cluster {name} to {op.target} failed "
+        f"(all-or-nothing), rolling back to {op.previous}: {why}"
+    )
+
+    def revert(spec: dict[str, Any]) -> dict[str, Any]:
+        for ig in spec["InstanceGroups"]:
+            if ig["InstanceGroupName"] == group:
+                ig["InstanceCount"] = op.previous
+        return spec
+
+    store.update_spec(name, revert)
+    store.end_operation(op.id, OperationStatus.FAILED, msg)
+    store.event(name, "InstanceGroup", "Error", msg, group, operation=op.id)
+    cluster.reload()
 
 
 CLUSTER = ""  # the provisioning controller's key of the cluster itself; its other keys are groups
@@ -211,15 +183,15 @@ SNODES_FRESH_S = 0.25  # groups due together share one look at Slurm
 class Provisioning(Controller):
     """Keeps each instance group at its target count (cluster/reconciler.py's GroupReconciler,
     one key per group), and the cluster's record: its spec reloaded when it changed, its
-    status and scaling operations synced (Agent._sync_status), the agent stopped once the
+    status and scaling operations synced (sync_status), the agent stopped once the
     cluster or hp's state folder is gone."""
 
     kind = "provisioning"
     keys = (CLUSTER,)
     backoff = (2.0,)
 
-    def __init__(self, agent: Agent, cluster: Cluster, onstart: Callable[[str], None]):
-        self.agent, self.cluster, self.onstart = agent, cluster, onstart
+    def __init__(self, cluster: Cluster, onstart: Callable[[str], None], stop: threading.Event):
+        self.cluster, self.onstart, self.stop = cluster, onstart, stop
         self.images: dict[str, str] | None = None  # the node images' tags, read by the first pass
         self.release = cluster.spec.release  # the images' (hp upgrade changes the cluster's)
         self.recs: dict[str, GroupReconciler] = {}
@@ -238,15 +210,16 @@ class Provisioning(Controller):
         return self._group(key) if key else self._cluster()
 
     def _cluster(self) -> Result:
-        env, rt, name = self.agent.env, self.agent.runtime, self.agent.name
+        env, rt, name = self.cluster.env, self.runtime, self.cluster.name
+        assert rt is not None
         if env.store.gone():  # nothing it writes would be read: its cluster's containers are left as they are
             log.warning("hp's state folder %s was removed: agent exits", env.store.home)
-            self.agent.stop.set()
+            self.stop.set()
             return Result()
         row = env.store.cluster(name)
-        if row is None or row.status in DEAD_STATUSES:
+        if row is None or row.status in ENDING:
             log.info("cluster is %s: agent exits", row.status if row else "gone")
-            self.agent.stop.set()
+            self.stop.set()
             return Result()
         if row.updated != self.last_updated or self.images is None:
             self.cluster.reload()
@@ -265,13 +238,13 @@ class Provisioning(Controller):
             self.groups = groups
             rt.reset(self.kind)
             for g in groups:
-                rt.enqueue(self.kind, g)
+                self.enqueue(g)
         now = time.monotonic()
         if now - self.last_prune > PRUNE_EVERY_S:
             self.last_prune = now
             env.store.prune()
         env.store.end_orphaned_operations(name, alive)  # an hp reboot / replace killed mid-way
-        self.agent._sync_status(self.cluster)
+        sync_status(self.cluster)
         return Result(RESYNC)
 
     def _group(self, group: str) -> Result:
@@ -279,7 +252,7 @@ class Provisioning(Controller):
             return Result()
         at, snodes = self._snodes
         if snodes is None or time.monotonic() - at > SNODES_FRESH_S:
-            snodes = self.agent._slurm_nodes(self.cluster)
+            snodes = slurm_nodes(self.cluster)
             self._snodes = (time.monotonic(), snodes)
         if snodes is None:  # controller down: nothing can join; recovery restarts it
             return Result(1.0)
@@ -289,7 +262,7 @@ class Provisioning(Controller):
             group, GroupReconciler(self.cluster, group, Launcher(self.cluster, self.images), self.onstart)
         )
         wait = rec.step(snodes)
-        self.agent.runtime.enqueue(self.kind, CLUSTER)  # the cluster's status and operations, as this step left them
+        self.enqueue(CLUSTER)  # the cluster's status and operations, as this step left them
         return Result(wait)
 
 

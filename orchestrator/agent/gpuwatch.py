@@ -106,7 +106,7 @@ class GpuWatch(Controller):
             return self.act(node)
         if key.startswith(MONITOR):
             return self.monitor(key[len(MONITOR) :])
-        self.step()
+        self.step()  # monitors follow their nodes; due actions are taken, each on its key
         return Result(self.step_s)
 
     def close(self) -> None:
@@ -117,8 +117,14 @@ class GpuWatch(Controller):
             s.close()
 
     def step(self) -> None:
-        """Monitors follow their nodes; due actions are taken (each on its key)."""
-        self.reconcile_monitors()
+        nodes, monitors = self._nodes_and_monitors()
+        for n, m in monitors.items():  # a monitor whose node is gone
+            if n not in nodes:
+                self._forget(n)
+                self.cluster.p.remove_container(m.id)
+        for n, node in nodes.items():
+            if node.running:
+                self.offer(MONITOR + n)
         self.act_due()
 
     # -- monitors -----------------------------------------------------------------------
@@ -130,17 +136,6 @@ class GpuWatch(Controller):
             elif c.is_node and c.role == "worker" and c.node and c.gpus and c.labels.get(L_GPU_MODE) in WIRED_MODES:
                 nodes[c.node] = c
         return nodes, monitors
-
-    def reconcile_monitors(self) -> None:
-        """Monitors whose node is gone are removed; each running node's monitor key is offered."""
-        nodes, monitors = self._nodes_and_monitors()
-        for n, m in monitors.items():
-            if n not in nodes:
-                self._forget(n)
-                self.cluster.p.remove_container(m.id)
-        for n, node in nodes.items():
-            if node.running:
-                self.offer(MONITOR + n)
 
     def monitor(self, n: str) -> Result:
         """A node's monitor key: one whose node was replaced is removed; one that exited is
@@ -185,12 +180,10 @@ class GpuWatch(Controller):
         except GpuWiringError as e:
             self._event_once(f"wiring:{n}", "Warning", f"GPU monitor of {n}: its GPUs cannot be given to it: {e}", n)
             return None
-        lab = labels(c.name, ROLE, node.group, n)
-        lab[L_WATCHES] = node.id
         spec = ContainerSpec(
             name=monitor_name(c.name, n),
             image=image,
-            labels=lab,
+            labels=labels(c.name, ROLE, node.group, n) | {L_WATCHES: node.id},
             network="none",
             command=["python3", MONITOR_PROGRAM, "--interval", f"{interval():g}"],
             cpu_limit=MONITOR_CPUS,
@@ -222,18 +215,18 @@ class GpuWatch(Controller):
         threading.Thread(target=self._read, args=(node, cid, stream), daemon=True, name=f"gpumon-{node}").start()
 
     def _read(self, node: str, cid: str, stream: LineStream) -> None:
+        def lines() -> None:
+            try:
+                for line in stream:
+                    self.on_line(node, line)
+            except TRANSIENT as e:  # the stream broke: the next step follows again
+                log.info("GPU monitor of %s: %s", node, e)
+
         # a bug is reported; the node's monitor is followed again at the next step
-        guarded(self.env.store, self.name, f"the GPU monitor of {node}", log, self._read_lines, node, stream, node=node)
+        guarded(self.env.store, self.name, f"the GPU monitor of {node}", log, lines, node=node)
         with self.lock:
             if self.followers.get(node, ("",))[0] == cid:
                 del self.followers[node]
-
-    def _read_lines(self, node: str, stream: LineStream) -> None:
-        try:
-            for line in stream:
-                self.on_line(node, line)
-        except TRANSIENT as e:  # the stream broke: the next step follows again
-            log.info("GPU monitor of %s: %s", node, e)
 
     def _forget(self, node: str) -> None:
         with self.lock:
@@ -269,19 +262,15 @@ class GpuWatch(Controller):
         except TRANSIENT as e:
             log.warning("drain %s for %s: %s", node, d.reason, e)
         automatic = c.reload().NodeRecovery == "Automatic"
+        drained = f"{node} drained for a GPU finding ({d.reason})"
         if action is Action.NONE or not automatic:
             why = "NodeRecovery is not Automatic" if action is not Action.NONE else f"action {d.action}"
-            self._event("Warning", f"{node} drained for a GPU finding ({d.reason}); kept drained: {why}", node, group)
+            self._event("Warning", f"{drained}; kept drained: {why}", node, group)
             return d
         if action is Action.REPLACE and cont is not None:
             capacity.quarantine(c.store, self._bad_gpus(node, cont, findings), f"{node}: {d.reason}")
-        when = "now" if action is Action.REPLACE else "when its jobs have ended"
-        self._event(
-            "Warning",
-            f"{node} drained for a GPU finding ({d.reason}): it will be {'replaced' if action is Action.REPLACE else 'rebooted'} {when}",
-            node,
-            group,
-        )
+        then = "replaced now" if action is Action.REPLACE else "rebooted when its jobs have ended"
+        self._event("Warning", f"{drained}: it will be {then}", node, group)
         return MonitorDecision(d.drain, action, action is Action.REPLACE, d.reason)
 
     def _step(self, node: str, action: Action, reason: str) -> Action:

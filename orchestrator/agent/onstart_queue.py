@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
 
 from ..runtime import Controller, Result
 
@@ -24,9 +23,8 @@ class OnStartQueue(Controller):
         check: Callable[[list[str]], object],
         busy: type[BaseException],
         on_error: Callable[[list[str], BaseException], None],
-        enqueue: Callable[[str, str, float], Any] = lambda *_: None,
     ):
-        self.check, self.busy, self.on_error, self.enqueue = check, busy, on_error, enqueue
+        self.check, self.busy, self.on_error = check, busy, on_error
         self._nodes: list[str] = []
         self._pending: set[str] = set()  # queued or being checked: never twice
         self._lock = threading.Lock()
@@ -37,19 +35,12 @@ class OnStartQueue(Controller):
                 return
             self._pending.add(node)
             self._nodes.append(node)
-        self.enqueue(self.kind, BATCH, GATHER_S)
+        self.enqueue(BATCH, GATHER_S)
 
-    def take(self) -> list[str]:
+    def reconcile(self, key: str = BATCH) -> Result:
+        """Check the queued batch."""
         with self._lock:
             batch, self._nodes = self._nodes, []
-        return batch
-
-    def reconcile(self, key: str) -> Result:
-        return self.run_once()
-
-    def run_once(self) -> Result:
-        """Check the queued batch."""
-        batch = self.take()
         if not batch:
             return Result()
         try:

@@ -20,10 +20,9 @@ from typing import Any
 from .. import waits
 from ..state.home import hp_home
 from ..state.store import Store
-from ..state.transitions import ClusterStatus
+from ..state.transitions import ENDING
 from .agentlock import holder, paths
 
-DEAD_STATUSES = (ClusterStatus.DELETING, ClusterStatus.FAILED, ClusterStatus.ROLLING_BACK)
 KILLED_WAIT_S = 1.0  # for a SIGKILLed agent to be gone (its lock released)
 
 
@@ -56,7 +55,7 @@ class AgentProcesses:
         """Start the cluster's agent if it is not running. Returns its status."""
         store = self._store or Store()
         row = store.cluster(name)
-        if row is None or row.status in DEAD_STATUSES:
+        if row is None or row.status in ENDING:
             return {"Alive": False, "Pid": None, "Restarted": False}
         pid = self.pid(name)
         if pid is not None:

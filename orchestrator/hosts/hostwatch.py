@@ -49,7 +49,7 @@ from ..recovery import actions
 from ..runtime import Controller, Result, node_key, node_of
 from ..state.phases import Phase, allowed
 from ..state.store import Latest, iso
-from ..state.transitions import ClusterStatus
+from ..state.transitions import NODES_HANDS_OFF, ClusterStatus
 from .engines import record_lost
 from .registry import _manager
 
@@ -62,18 +62,11 @@ SWEEP_EVERY_S = 5.0
 RECORD_EVERY_S = 2.0  # a lost host's record is renewed this often (engines.LOST_TRUST_S)
 FRESH_S = 20.0  # a host that came back is swept every poll this long
 REPLACE_WAIT_S = 60.0
-HANDS_OFF = frozenset(
-    {ClusterStatus.CREATING, ClusterStatus.DELETING, ClusterStatus.ROLLING_BACK, ClusterStatus.FAILED}
-)
-WATCHED = frozenset(ClusterStatus) - HANDS_OFF
+WATCHED = frozenset(ClusterStatus).difference(NODES_HANDS_OFF)
 CONTROLLER_LOST = "the controller's host"
 SWARM = "swarm"  # the key that reads the swarm's node states
 
 Replace = Callable[[Cluster, str, str, float], bool]
-
-
-def _replace(cluster: Cluster, node: str, why: str, wait: float) -> bool:
-    return actions.replace(cluster, node, why, wait)
 
 
 class HostWatch(Controller):
@@ -87,7 +80,7 @@ class HostWatch(Controller):
         self.name = name
         self.cluster = Cluster(env, name)
         self.clock = clock
-        self._replace = replace or _replace
+        self._replace = replace or actions.replace
         self.down_since: dict[str, float] = {}
         self.acted: dict[str, str] = {}  # hosts whose loss was acted on (this outage) -> why they are lost
         self._last_sweep = 0.0
@@ -115,7 +108,7 @@ class HostWatch(Controller):
         if not self.env.provider.places_nodes:
             return False
         row = self.env.store.cluster(self.name)
-        return row is not None and row.status not in HANDS_OFF
+        return row is not None and row.status not in NODES_HANDS_OFF
 
     def poll(self) -> None:
         if not self._watching():
@@ -198,19 +191,11 @@ class HostWatch(Controller):
             return
         automatic = spec.NodeRecovery == "Automatic"
         for n in ours:
-            phase = latest.phase(n)
-            g = c.spec.group(_group_of(c, n))
-            store.event(
-                self.name,
-                "Instance",
-                "Warn",
-                f"Instance {n} in cluster {self.name} is lost with its host {host}: {why}"
-                + ("; replacing it on another host" if automatic and allowed(phase, Phase.REPLACING) else ""),
-                g.InstanceGroupName if g else None,
-                None,
-                n,
-            )
-            if automatic and allowed(phase, Phase.REPLACING):
+            replace = automatic and allowed(latest.phase(n), Phase.REPLACING)
+            what = f"Instance {n} in cluster {self.name} is lost with its host {host}: {why}"
+            what += "; replacing it on another host" if replace else ""
+            store.event(self.name, "Instance", "Warn", what, _group_of(c, n) or None, node=n)
+            if replace:
                 self.offer(node_key(n))
             else:
                 self._mark(n, host, at, why, latest)
@@ -272,16 +257,10 @@ class HostWatch(Controller):
             if where and where != host:
                 p.remove_container(x.id)  # before anything may start it: never two of one Slurm node
                 removed.append(x.node)
-                store.event(
-                    self.name,
-                    "Instance",
-                    "Info",
-                    f"Instance {node_id(x.id)} ({x.node}) in cluster {self.name}: its stale copy on host {host} was "
-                    f"removed (the node runs on {where})",
-                    x.group,
-                    node_id(x.id),
-                    x.node,
-                )
+                what = f"its stale copy on host {host} was removed (the node runs on {where})"
+                nid = node_id(x.id)
+                what = f"Instance {nid} ({x.node}) in cluster {self.name}: {what}"
+                store.event(self.name, "Instance", "Info", what, x.group, nid, x.node)
                 continue
             if returned and not x.running:
                 if x.role == "controller" or latest.phase(x.node) is Phase.RUNNING:
@@ -309,12 +288,8 @@ class HostWatch(Controller):
         except TRANSIENT:
             up = False
         if up:
-            self.env.store.set_status(
-                self.name,
-                ClusterStatus.IN_SERVICE,
-                detail="its controller's host is back",
-                expect=ClusterStatus.DEGRADED,
-            )
+            back = "its controller's host is back"
+            self.env.store.set_status(self.name, ClusterStatus.IN_SERVICE, detail=back, expect=ClusterStatus.DEGRADED)
 
 
 def _group_of(c: Cluster, node: str) -> str:

@@ -21,7 +21,7 @@ from ..docker.views import Container
 from ..errors import TRANSIENT, BadInput, LaunchError, OperationFailed
 from ..naming import ROLE_BY_NODE_TYPE, node_id, split_node
 from ..services.accounting import before_controller_start
-from ..slurm.model import ONSTART_REASON, REBOOTING_REASON, REQUEUED_NOTE, SlurmNode, job_note
+from ..slurm.model import ONSTART_REASON, REBOOTING_REASON, REQUEUED_NOTE, job_note
 from ..state.phases import Phase, allowed, owner_of
 from ..verdict import Action
 from .rules import escalation
@@ -181,22 +181,16 @@ def replace(
         ok = False
     if ok:
         store.set_phase(name, node, Phase.RUNNING)
-        _event(
-            cluster,
-            t,
-            "Info",
-            f"was replaced by {new.node_id}: {reason} (up in {time.monotonic() - t0:.1f} s)",
-            new.node_id,
-        )
+        took = f"{time.monotonic() - t0:.1f} s"
+        _event(cluster, t, "Info", f"was replaced by {new.node_id}: {reason} (up in {took})", new.node_id)
     else:
         try:  # one that exited says so, not a timeout it never reached
             st = cluster.p.inspect(res).state
             gone = f"exited (code {st.exit_code}) before it came up" if st.status in ("exited", "dead") else None
         except TRANSIENT:
             gone = "was removed before it came up"
-        store.set_phase(
-            name, node, Phase.LAUNCH_FAILED, f"replacement {gone or f'did not register within {wait:g} s'}: {reason}"
-        )
+        why = f"replacement {gone or f'did not register within {wait:g} s'}: {reason}"
+        store.set_phase(name, node, Phase.LAUNCH_FAILED, why)
         _event(cluster, new, "Error", f"(replacement) {gone or f'did not come up within {wait:g} s'}: {reason}")
     return ok
 
@@ -263,7 +257,10 @@ def wait_usable(cluster: Cluster, t: Target, cid: str, deadline: float, keep_dra
         if t.role == "login" and cluster.slurm.ping_from(cid):
             return True
         if t.role == "worker":
-            snode = _slurm_node(cluster, t.node)
+            try:
+                snode = next((n for n in cluster.slurm.nodes() if n.name == t.node), None)
+            except OperationFailed:  # the controller may be restarting: unknown for now
+                snode = None
             if snode is not None and snode.usable:
                 return True
             if snode is not None and snode.drained_for(*ours) and not snode.not_responding:
@@ -282,13 +279,6 @@ def wait_usable(cluster: Cluster, t: Target, cid: str, deadline: float, keep_dra
         return None
 
     return waits.poll(look, lambda r: r is not None, every=POLL_S, deadline=deadline) is True
-
-
-def _slurm_node(cluster: Cluster, node: str) -> SlurmNode | None:
-    try:
-        return next((n for n in cluster.slurm.nodes() if n.name == node), None)
-    except OperationFailed:  # the controller may be restarting: unknown for now
-        return None
 
 
 def _forget(cluster: Cluster, t: Target, what: str) -> None:
@@ -354,9 +344,7 @@ def rerun_orphans(cluster: Cluster, why: dict[str, str]) -> list[int]:
         except OperationFailed as e:  # the controller stopped answering: the next look finds it again
             done, level = f"{lost}: Slurm took neither hp's requeue nor its cancel ({str(e)[:200]})", "Error"
         handled.append(o.job_id)
-        cluster.store.event(
-            cluster.name, "Job", level, f"job {o.job_id}: {o.batch_host} {done}", None, None, o.batch_host
-        )
+        cluster.store.event(cluster.name, "Job", level, f"job {o.job_id}: {o.batch_host} {done}", node=o.batch_host)
     return handled
 
 
@@ -371,12 +359,5 @@ def _images(cluster: Cluster, t: Target) -> dict[str, str]:
 
 def _event(cluster: Cluster, t: Target, level: str, what: str, nid: str | None = None) -> None:
     """An Instance event; `nid` is the NodeId it is filed under (a replacement's new one)."""
-    cluster.store.event(
-        cluster.name,
-        "Instance",
-        level,
-        f"{t.label()} in cluster {cluster.name} {what}",
-        t.group,
-        nid or t.node_id,
-        t.node,
-    )
+    text = f"{t.label()} in cluster {cluster.name} {what}"
+    cluster.store.event(cluster.name, "Instance", level, text, t.group, nid or t.node_id, t.node)

@@ -95,13 +95,7 @@ def container_condition(state: str | None) -> str:
     """Docker's container state, as the table reads it."""
     if state is None:
         return "missing"
-    if state == "running":
-        return "running"
-    if state in ("exited", "dead"):
-        return "died"
-    if state == "paused":
-        return "paused"
-    return "starting"
+    return {"running": "running", "exited": "died", "dead": "died", "paused": "paused"}.get(state, "starting")
 
 
 def slurm_condition(n: SlurmNode | None) -> str:

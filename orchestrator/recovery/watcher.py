@@ -23,7 +23,7 @@ from ..errors import TRANSIENT, EngineError, EngineUnavailable
 from ..runtime import Controller, Result, node_key, node_of
 from ..slurm.model import DOWN, SlurmNode
 from ..state.phases import NodePhase
-from ..state.transitions import ClusterStatus
+from ..state.transitions import NODES_HANDS_OFF
 from ..verdict import Action
 from . import actions
 from .rules import (
@@ -46,8 +46,6 @@ FULL_EVERY_S = 10.0
 # After hp takes a worker, how long the watcher looks for `srun --auto-resume` retries
 # (each one an event): the plugin's --auto-resume-timeout default, and a margin.
 RETRY_WATCH_S = 660.0
-# Cluster statuses in which the watcher leaves nodes alone: create and delete own them.
-HANDS_OFF_CLUSTER = (ClusterStatus.CREATING, ClusterStatus.DELETING, ClusterStatus.ROLLING_BACK, ClusterStatus.FAILED)
 
 Act = Callable[[Cluster, Action, str, str, float], bool]
 
@@ -101,14 +99,10 @@ class RecoveryWatcher(Controller):
             return super().describe(key)
         return f"{decide(look.seen.role, look.seen.container, look.seen.slurm, look.automatic)} of {node}"
 
-    def watch(self, event: Event) -> Iterable[str]:
-        self.on_event(event)
-        return ()
-
     def _automatic(self) -> bool | None:
         """NodeRecovery is Automatic? None while the cluster is not the watcher's to act on."""
         row = self.env.store.cluster(self.name)
-        if row is None or row.status in HANDS_OFF_CLUSTER:
+        if row is None or row.status in NODES_HANDS_OFF:
             return None
         return self.cluster.reload().NodeRecovery == "Automatic"
 
@@ -190,27 +184,27 @@ class RecoveryWatcher(Controller):
         since = self._absent_since.setdefault(node, at)
         return "lost" if at - since >= LOST_AFTER_S else cond
 
-    def on_event(self, ev: Event) -> None:
+    def watch(self, ev: Event) -> Iterable[str]:
         """A Docker container event: 'die' means the node's main process ended, 'pause'
-        that the container froze."""
+        that the container froze (the look is kept and the node's key offered: `consider`)."""
         node, role = ev.node, ev.role
         if not node or role not in ("controller", "login", "worker"):
-            return
+            return ()
         if ev.action == "oom":
             with self._lock:
                 self._oom.add(node)  # the 'die' that follows says why
-            return
+            return ()
         if ev.action not in ("die", "pause"):
-            return
+            return ()
         # 'pause': frozen. Acted on here, not only at the next poll: a poll may itself be
         # stuck in an exec that froze with the controller (Docker 20.10), and only the
         # reboot's thaw (DockerEngine.unfreeze) frees it.
         cond = "died" if ev.action == "die" else "paused"
         if ev.host and self.cluster.placements().get(node, ev.host) != ev.host:
-            return  # a stale copy on a host that came back (the node runs elsewhere): removed, never recovered
+            return ()  # a stale copy on a host that came back (the node runs elsewhere): removed, never recovered
         automatic = self._automatic()
         if automatic is None:
-            return
+            return ()
         with self._lock:
             sn = self._snodes.get(node)
             oom = node in self._oom
@@ -222,6 +216,7 @@ class RecoveryWatcher(Controller):
         why = describe_fact(cond, sn, ev.exit_code, oom)
         seen = Seen(node, role, cond, slurm_condition(sn), ev.time or time.time(), why)
         self.consider(seen, automatic, self.env.store.latest_phases(self.name).get(node))
+        return ()
 
     def consider(self, seen: Seen, automatic: bool, recorded: NodePhase | None) -> None:
         """Keep the look at a node whose facts call for an action, and offer its key (the

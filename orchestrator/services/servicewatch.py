@@ -6,7 +6,7 @@
   restarts a process that died inside its container; a container stopped through the
   engine is the watch's to start;
 - accounting's health (Healthy, or Unhealthy with DaemonDown / DbUnreachable) is checked
-  every HEALTH_EVERY_S; each change is an `hp events` entry; a slurmdbd or database that
+  at each look (every POLL_S, and when an event wakes the watch); each change is an `hp events` entry; a slurmdbd or database that
   runs but does not answer for HUNG_AFTER_S is killed in the controller's container (its
   entry starts it again; an older cluster's accounting container is restarted).
 
@@ -25,7 +25,7 @@ from ..docker.views import Container, Event
 from ..errors import OperationFailed
 from ..naming import SERVICE_HOSTS
 from ..runtime import Controller, Result
-from ..state.transitions import ClusterStatus
+from ..state.transitions import ENDING
 from .accounting import (
     DAEMON_DOWN,
     HOSTS,
@@ -47,11 +47,9 @@ log = logging.getLogger("hp.services")
 # pause wakes the watch at once (`watch`); every 2 s it was a third of an idle agent's
 # listings at 60 nodes
 POLL_S = 10.0
-HEALTH_EVERY_S = 10.0
 HUNG_AFTER_S = 30.0
 SETTLE_S = 0.5  # after an event or a death, give the engine's state and Docker's restart policy a moment
 BACKOFF_S = 30.0
-HANDS_OFF = (ClusterStatus.DELETING, ClusterStatus.ROLLING_BACK, ClusterStatus.FAILED)
 
 
 class ServiceWatch(Controller):
@@ -65,25 +63,21 @@ class ServiceWatch(Controller):
         self.last: Health | None = None
         self.unhealthy_since: float | None = None
         self.retry_at = 0.0
-        self.next_health = 0.0
 
     def watch(self, event: Event) -> Iterable[str]:
         """A service container stopped (die, destroy, pause): look now."""
         return ("",) if event.role in SERVICE_HOSTS and event.action in ("die", "destroy", "pause") else ()
 
     def reconcile(self, key: str) -> Result:
-        now = time.monotonic()
-        self.step(now, check_health=now >= self.next_health)
-        if now >= self.next_health:
-            self.next_health = now + HEALTH_EVERY_S
+        self.step()
         return Result(POLL_S)
 
     def _event(self, level: str, text: str) -> None:
         self.env.store.event(self.name, "Cluster", level, f"Cluster {self.name}: {text}")
 
-    def step(self, now: float | None = None, check_health: bool = True) -> None:
+    def step(self, now: float | None = None) -> None:
         row = self.env.store.cluster(self.name)
-        if row is None or row.status in HANDS_OFF:
+        if row is None or row.status in ENDING:
             return
         self.cluster.reload()
         spec = self.cluster.spec
@@ -109,7 +103,7 @@ class ServiceWatch(Controller):
                 return
             self._event("Info", f"{'; '.join(done) or 'services'}: back in {time.monotonic() - t0:.1f} s")
             cs = self.cluster.containers()  # as the repair left them
-        if spec.accounting and check_health:
+        if spec.accounting:
             self._health(now, cs)
 
     def _down(self, wanted: list[str], containers: list[Container]) -> dict[str, str]:
@@ -142,9 +136,7 @@ class ServiceWatch(Controller):
         what = "slurmdbd" if h.reason == DAEMON_DOWN else "its database"
         try:
             if LEGACY_ACCOUNTING not in svc:  # in the controller's container: the process is killed
-                self._event(
-                    "Warn", f"{what} runs but does not answer: killing it (the controller's entry starts it again)"
-                )
+                self._event("Warn", f"{what} runs but does not answer: killing it (its entry starts it again)")
                 self._event("Info", kill_hung(self.cluster, h.reason or DAEMON_DOWN))
             else:  # an older cluster's own container(s): restarted
                 role = LEGACY_DATABASE if h.reason != DAEMON_DOWN and LEGACY_DATABASE in svc else LEGACY_ACCOUNTING

@@ -73,6 +73,11 @@ CLUSTER: dict[tuple[ClusterStatus | None, ClusterStatus], Edge] = {
     ),
 }
 
+# A cluster being removed (or kept as it failed): its agent exits, its services are left alone
+ENDING = (S.DELETING, S.ROLLING_BACK, S.FAILED)
+# ... and one being created: its nodes are create's, recovery and the host watch leave them alone
+NODES_HANDS_OFF = (S.CREATING, *ENDING)
+
 REQUEST: dict[tuple[RequestState | None, RequestState], Edge] = {
     # {detail}: what was requested, said by the writer from the request (health_requests.requested)
     (None, R.PENDING): Edge(

@@ -6,11 +6,12 @@ from __future__ import annotations
 import shutil
 import threading
 import time
+from types import SimpleNamespace
 
 from fakes import spec_doc, world
 
 from orchestrator.agent import onstart_queue as onstart_mod
-from orchestrator.agent.daemon import Agent
+from orchestrator.agent.daemon import Agent, slurm_nodes
 from orchestrator.agent.onstart_queue import OnStartQueue
 from orchestrator.cluster.create import CreateOptions, create
 from orchestrator.cluster.scaling import scale
@@ -71,7 +72,6 @@ def test_agent_started_while_the_engine_restarts_waits_for_it(tmp_path):
 
     w.env.images(DEFAULT).refs = refs
     agent = Agent(w.env, "lab")
-    agent._sleep = lambda seconds: None  # noqa: SLF001 - no real second between looks
     t = threading.Thread(target=agent.run, daemon=True)
     t.start()
     scale(w.env, "lab", "cpu", 3)
@@ -107,8 +107,7 @@ def test_agent_waits_while_the_controller_does_not_answer(tmp_path):
     w = world(tmp_path)
     create(w.env, validate(spec_doc("lab"), w.env.catalogue), CreateOptions(timeout=5))
     w.slurm.up = False
-    agent = Agent(w.env, "lab")
-    assert agent._slurm_nodes(Cluster(w.env, "lab")) is None  # unknown for now, never "no nodes"
+    assert slurm_nodes(Cluster(w.env, "lab")) is None  # unknown for now, never "no nodes"
 
 
 def test_onstart_queue_batches_retries_when_busy_and_reports_failures(monkeypatch):
@@ -125,16 +124,17 @@ def test_onstart_queue_batches_retries_when_busy_and_reports_failures(monkeypatc
             raise a
 
     woken = []
-    q = OnStartQueue(check, Busy, lambda batch, e: errors.append((batch, str(e))), lambda *a: woken.append(a))
+    q = OnStartQueue(check, Busy, lambda batch, e: errors.append((batch, str(e))))
+    q.runtime = SimpleNamespace(enqueue=lambda *a: woken.append(a))
     q.add("cpu-1")
     q.add("cpu-2")
     q.add("cpu-1")  # never twice
     assert woken == [("on-start", "batch", onstart_mod.GATHER_S)] * 2  # nodes that joined together: one batch
-    assert q.run_once().requeue_after == onstart_mod.RETRY_BUSY_S  # busy: the batch goes back
-    q.run_once()  # checked
+    assert q.reconcile().requeue_after == onstart_mod.RETRY_BUSY_S  # busy: the batch goes back
+    q.reconcile()  # checked
     assert seen == [["cpu-1", "cpu-2"], ["cpu-1", "cpu-2"]]
     q.add("cpu-3")
-    q.run_once()
+    q.reconcile()
     assert errors == [(["cpu-3"], "controller down")]
-    assert q.run_once().requeue_after is None  # nothing queued: nothing done
+    assert q.reconcile().requeue_after is None  # nothing queued: nothing done
     assert len(seen) == 3

@@ -24,9 +24,9 @@ from fakes import force_status
 
 from orchestrator.core import agents
 from orchestrator.core.agentlock import holder, paths, take
-from orchestrator.core.agents import DEAD_STATUSES, AgentProcesses
+from orchestrator.core.agents import AgentProcesses
 from orchestrator.state.store import Store
-from orchestrator.state.transitions import ClusterStatus
+from orchestrator.state.transitions import ENDING, ClusterStatus
 
 # Holds the lock and writes its pid as agentlock.take does; reports SIGUSR1 (poke) on stdout.
 HOLDER = r"""
@@ -150,7 +150,7 @@ def test_home_defaults_to_hp_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
     assert no_popen == []
 
 
-@pytest.mark.parametrize("status", DEAD_STATUSES)
+@pytest.mark.parametrize("status", ENDING)
 def test_ensure_starts_nothing_for_a_cluster_going_away(store: Store, no_popen: list, status: str) -> None:
     force_status(store, "lab", status, "x")
     assert AgentProcesses(store).ensure("lab") == {"Alive": False, "Pid": None, "Restarted": False}

@@ -16,7 +16,7 @@ from fakes import FakeAgents, FakeProvider, spec_doc, world
 
 import orchestrator.cluster.create as create_mod
 import orchestrator.cluster.reconciler as reconciler
-from orchestrator.agent.daemon import CLUSTER, Agent, Provisioning
+from orchestrator.agent.daemon import CLUSTER, Agent, Provisioning, sync_status
 from orchestrator.cluster import teardown
 from orchestrator.cluster.create import CreateOptions, create
 from orchestrator.cluster.delete import delete
@@ -181,11 +181,10 @@ def test_missing_images_are_built_and_no_wait_leaves_the_rest_to_the_agent(tmp_p
     w.slurm.auto_register = True
     for n in ("cpu-1", "cpu-2"):
         w.slurm.register(w.provider.node("lab", n))
-    agent = Agent(w.env, "lab")
     c = Cluster(w.env, "lab")
     for g in ("login", "cpu"):
         reconcile(w, "lab", g, passes=2)
-    agent._sync_status(c)
+    sync_status(c)
     assert w.env.store.cluster("lab").status == "InService"
 
 
@@ -520,7 +519,7 @@ def test_all_or_nothing_scale_up_that_fails_is_rolled_back_by_the_agent(tmp_path
     scale(w.env, "lab", "cpu", 3)
     c = Cluster(w.env, "lab")
     reconcile(w, "lab", "cpu", passes=1)
-    Agent(w.env, "lab")._sync_status(c)
+    sync_status(c)
     assert w.env.store.cluster("lab").spec["InstanceGroups"][2]["InstanceCount"] == 1
     op = w.env.store.operations("lab", active_only=False)[-1]
     assert op.status is OperationStatus.FAILED and "rolling back to 1" in op.message
@@ -534,10 +533,10 @@ def test_the_agent_ends_a_scale_done_once_converged_and_leaves_other_operations_
     op = scale(w.env, "lab", "cpu", 2)["OperationId"]
     check = w.env.store.add_operation("lab", "cpu", OperationKind.HEALTH_CHECK, nodes=["cpu-1"], request="hc-x")
     c = Cluster(w.env, "lab")
-    Agent(w.env, "lab")._sync_status(c)
+    sync_status(c)
     assert w.env.store.operation("lab", op).active  # cpu-2 not there yet
     reconcile(w, "lab", "cpu", passes=3)
-    Agent(w.env, "lab")._sync_status(c)
+    sync_status(c)
     done = w.env.store.operation("lab", op)
     assert done.status is OperationStatus.DONE and done.ended is not None
     assert w.env.store.operation("lab", check).active
@@ -552,7 +551,7 @@ def test_agent_bug_in_a_group_is_reported_once_and_that_group_left_alone(tmp_pat
     make(w)
     agent = Agent(w.env, "lab")
     c = Cluster(w.env, "lab")
-    prov = Provisioning(agent, c, lambda node: None)
+    prov = Provisioning(c, lambda node: None, agent.stop)
     rt = agent.runtime
     rt.add(prov)
     rt.run_once(prov, CLUSTER)  # the spec read: every group's key queued

@@ -329,12 +329,12 @@ def test_watcher_acts_on_docker_die_events(w):
     calls: list = []
     wt = watcher(w, calls)
     c = w.provider.die("lab", "cpu-2")
-    wt.on_event(Event("oom", c.id, dict(c.spec.labels), time.time()))
-    wt.on_event(Event("die", c.id, dict(c.spec.labels), time.time(), 137))
+    wt.watch(Event("oom", c.id, dict(c.spec.labels), time.time()))
+    wt.watch(Event("die", c.id, dict(c.spec.labels), time.time(), 137))
     join(wt)
     assert calls and calls[0][:2] == (Action.RECOVER, "cpu-2") and "out of memory" in calls[0][2]
-    wt.on_event(Event("start", c.id, dict(c.spec.labels), time.time()))  # not a fault
-    wt.on_event(Event("die", c.id, {"io.hp.role": "check"}, time.time()))  # not a node
+    wt.watch(Event("start", c.id, dict(c.spec.labels), time.time()))  # not a fault
+    wt.watch(Event("die", c.id, {"io.hp.role": "check"}, time.time()))  # not a node
     join(wt)
     assert len(calls) == 1
 
@@ -345,7 +345,7 @@ def test_watcher_acts_on_a_pause_event_without_waiting_for_its_poll(w):
     calls: list = []
     wt = watcher(w, calls)
     ctl = w.provider.node("lab", "controller-1")
-    wt.on_event(Event("pause", ctl.id, dict(ctl.spec.labels), time.time()))
+    wt.watch(Event("pause", ctl.id, dict(ctl.spec.labels), time.time()))
     join(wt)
     assert calls and calls[0][:2] == (Action.REBOOT, "controller-1")
 

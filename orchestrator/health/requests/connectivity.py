@@ -50,21 +50,8 @@ def setup_ssh(cluster: Cluster, cars: list[sidecar.Sidecar]) -> None:
         sidecar.run(cluster, sc, ["mkdir", "-p", "-m", "700", "/root/.ssh", "/run/sshd"])
         cluster.p.put_files(sc.cid, "/root/.ssh", {"authorized_keys": (pub, 0o600, 0), "hp-health": (priv, 0o600, 0)})
         sidecar.run(cluster, sc, ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", host_key])
-        sidecar.run(
-            cluster,
-            sc,
-            [
-                "/usr/sbin/sshd",
-                "-p",
-                str(SSH_PORT),
-                "-h",
-                host_key,
-                "-o",
-                "PasswordAuthentication=no",
-                "-o",
-                "PermitRootLogin=prohibit-password",
-            ],
-        )
+        no_passwords = ["-o", "PasswordAuthentication=no", "-o", "PermitRootLogin=prohibit-password"]
+        sidecar.run(cluster, sc, ["/usr/sbin/sshd", "-p", str(SSH_PORT), "-h", host_key, *no_passwords])
         sidecar.run(cluster, sc, iperf.server_command())
 
     parallel(one, cars)
@@ -105,9 +92,8 @@ def mpi_allreduce(cluster: Cluster, cars: list[sidecar.Sidecar]) -> tuple[Verdic
     hosts = [c.node for c in cars]
     cmd = mpi.command(hosts, SSH, mpi.subnet_of(sidecar.run(cluster, cars[0], mpi.ADDRESS_COMMAND).output))
     r = sidecar.run(cluster, cars[0], cmd)
-    v = mpi.judge_mpi_allreduce(
-        mpi.parse_mpi_allreduce(r.output), expected_size=len(hosts), expected_hosts=hosts, exit_code=r.exit_code
-    )
+    parsed = mpi.parse_mpi_allreduce(r.output)
+    v = mpi.judge_mpi_allreduce(parsed, expected_size=len(hosts), expected_hosts=hosts, exit_code=r.exit_code)
     return v, f"==== {' '.join(cmd)}\n{r.output}\n"
 
 
@@ -117,9 +103,8 @@ def nccl_allreduce(cluster: Cluster, cars: list[sidecar.Sidecar], itype: Instanc
     binary = os.environ.get("HP_NCCL_TESTS_BIN", "/usr/local/bin/all_reduce_perf")
     cmd = mpi.mpirun(hosts, SSH, nccl.command(binary, itype.gpus))
     r = sidecar.run(cluster, cars[0], cmd)
-    return nccl.run_verdict(
-        r.output, r.exit_code, thresholds(itype)["NcclBusBwGbps"]
-    ), f"==== {' '.join(cmd)}\n{r.output}\n"
+    v = nccl.run_verdict(r.output, r.exit_code, thresholds(itype)["NcclBusBwGbps"])
+    return v, f"==== {' '.join(cmd)}\n{r.output}\n"
 
 
 def run_connectivity(
@@ -145,9 +130,8 @@ def run_connectivity(
         for c in good:
             out.figures[c.node].update({f"mpi.{k}": x for k, x in mv.figures.items()})
             if not mv.passed:
-                out.reasons[c.node].append(
-                    "MPI allreduce across " + ",".join(x.node for x in good) + ": " + "; ".join(mv.reasons[:3])
-                )
+                across = ",".join(x.node for x in good)
+                out.reasons[c.node].append(f"MPI allreduce across {across}: " + "; ".join(mv.reasons[:3]))
         gpu = [c for c in good if itypes[c.node].gpus]
         if len(gpu) >= 2:
             nv, ntext = nccl_allreduce(cluster, gpu, itypes[gpu[0].node])

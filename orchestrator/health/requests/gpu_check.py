@@ -45,14 +45,7 @@ class GpuCheckOptions:
 
 def check_argv(expected_gpus: int, opts: GpuCheckOptions) -> list[str]:
     """The check program's command line: argv only, no shell."""
-    return [
-        "python3",
-        CHECK_PROGRAM,
-        "--expected-gpus",
-        str(expected_gpus),
-        "--gemm-seconds",
-        f"{opts.gemm_seconds:g}",
-    ]
+    return ["python3", CHECK_PROGRAM, "--expected-gpus", str(expected_gpus), "--gemm-seconds", f"{opts.gemm_seconds:g}"]
 
 
 def image_ref(cluster: Cluster) -> str:
@@ -163,13 +156,9 @@ def run_gpu_check(
         sidecar.stop(cluster, sc)
     d = run_dcgm(cluster, node, wiring, rid, opts.dcgm_level)
     model = itype.gpu_model or node_model(cluster, node)
+    limits = table.models.get(model) if model else None
     v = judge_gpu_check(
-        res.output,
-        expected_gpus=itype.gpus,
-        model=model,
-        thresholds=table.models.get(model) if model else None,
-        tolerance=table.tolerance,
-        dcgm=d,
+        res.output, expected_gpus=itype.gpus, model=model, thresholds=limits, tolerance=table.tolerance, dcgm=d
     )
     out = res.output
     if d is None:

@@ -173,16 +173,10 @@ class Engine:
         r.state, r.ended, r.reasons, r.figures, r.output = state, time.time(), reasons, figures, str(path)
         self.rec.update(row, r)
         level = {CheckState.PASSED: "Info", CheckState.FAILED: "Error"}.get(state, "Warning")
-        what = {CheckState.PASSED: "passed", CheckState.FAILED: "failed: " + "; ".join(reasons)[:300]}.get(
-            state, "; ".join(reasons)[:300]
-        )
-        self.c.store.event(
-            self.c.name,
-            "Instance",
-            level,
-            f"Deep health check {r.check} ({self.rid}, {self.attempt}) on {r.node}: {what}",
-            r.group,
-            node=r.node,
+        said = "; ".join(reasons)[:300]
+        what = {CheckState.PASSED: "passed", CheckState.FAILED: f"failed: {said}"}.get(state, said)
+        self.event(
+            level, f"Deep health check {r.check} ({self.rid}, {self.attempt}) on {r.node}: {what}", r.node, r.group
         )
 
     def _internal_error(self, run: NodeRun, check: str, row: int, r: Result, e: BaseException) -> None:
@@ -244,7 +238,10 @@ class Engine:
                 raise OperationFailed(f"{sc.node} has no container any more")
             g = run_gpu_check(self.c, node, itype, self.rid, GpuCheckOptions(dcgm_level=self.opts.dcgm_level))
             gv, gout, condemned = g.verdict, g.output, g.condemned
-            self.gpu_events(sc.node, node.group, gv.findings)
+            for f in gv.findings:  # ones to monitor (application XIDs, correctable ECC): an event each
+                if f.action is Action.MONITOR:
+                    what = f"GPU finding {f.code} (monitored, no action): {f.message}"
+                    self.event("Warning", f"Deep health check {self.rid} on {sc.node}: {what}", sc.node, node.group)
             if not gv.passed:
                 action = strongest(f.action for f in gv.findings if f.severity in FAILING)
                 if v.reasons:  # the CPU part failed too: the usual reboot-then-replace at least
@@ -256,19 +253,8 @@ class Engine:
         v.passed = not v.reasons
         return v, out, action, notes, condemned
 
-    def gpu_events(self, node: str, group: str, findings: list) -> None:
-        """GPU findings to monitor (application XIDs, correctable ECC): an event each,
-        never a reason to touch the node."""
-        for f in findings:
-            if f.action is Action.MONITOR:
-                self.c.store.event(
-                    self.c.name,
-                    "Instance",
-                    "Warning",
-                    f"Deep health check {self.rid} on {node}: GPU finding {f.code} (monitored, no action): {f.message}",
-                    group,
-                    node=node,
-                )
+    def event(self, level: str, text: str, node: str, group: str) -> None:
+        self.c.store.event(self.c.name, "Instance", level, text, group, node=node)
 
     def check(self, runs: list[NodeRun], peers: list[NodeRun] = ()) -> None:
         """Run the requested checks on `runs` (peers join the connectivity check only)."""
@@ -289,42 +275,31 @@ class Engine:
             sidecar.remove_all(self.c, self.rid)
 
     def connectivity(self, runs: list[NodeRun], everyone: list[NodeRun], cars: dict[str, sidecar.Sidecar]) -> None:
-        rows = {x.node: self._row(x, "InstanceConnectivity") for x in runs}
+        check = "InstanceConnectivity"
+        rows = {x.node: self._row(x, check) for x in runs}
+
+        def finish(x: NodeRun, why: list[str], figures: dict, out: str) -> None:
+            self._finish(*rows[x.node], CheckState.FAILED if why else CheckState.PASSED, why, figures, out)
+            if why:
+                x.failed[check] = why[0][:150]
+
         if len(everyone) < 2:
             for x in runs:
-                self._finish(
-                    *rows[x.node],
-                    CheckState.FAILED,
-                    ["InstanceConnectivity needs at least 2 nodes under check"],
-                    {},
-                    "",
-                )
-                x.failed["InstanceConnectivity"] = "needs at least 2 nodes"
+                finish(x, [f"{check} needs at least 2 nodes under check"], {}, "")
             return
         try:
-            res = run_connectivity(
-                self.c, [cars[x.node] for x in everyone], {x.node: x.itype for x in everyone}, self.opts.iperf_seconds
-            )
+            itypes = {x.node: x.itype for x in everyone}
+            res = run_connectivity(self.c, [cars[x.node] for x in everyone], itypes, self.opts.iperf_seconds)
         except TRANSIENT as e:  # could not run: a failed check
             for x in runs:
-                self._finish(*rows[x.node], CheckState.FAILED, [f"check did not run: {e}"], {}, str(e))
-                x.failed["InstanceConnectivity"] = str(e)[:150]
+                finish(x, [f"check did not run: {e}"], {}, str(e))
             return
         except Exception as e:  # noqa: BLE001 - a bug: not a verdict on the nodes
             for x in runs:
-                self._internal_error(x, "InstanceConnectivity", *rows[x.node], e)
+                self._internal_error(x, check, *rows[x.node], e)
             return
         for x in runs:
-            why = res.reasons.get(x.node, [])
-            self._finish(
-                *rows[x.node],
-                CheckState.FAILED if why else CheckState.PASSED,
-                why,
-                res.figures.get(x.node, {}),
-                res.output,
-            )
-            if why:
-                x.failed["InstanceConnectivity"] = why[0][:150]
+            finish(x, res.reasons.get(x.node, []), res.figures.get(x.node, {}), res.output)
 
 
 def run_request(
@@ -335,24 +310,21 @@ def run_request(
     node needs someone to talk to."""
     eng = Engine(cluster, rid, opts)
     cont = cluster.node_containers()
-    cat = cluster.env.catalogue
     verdicts: dict[str, Outcome] = {}
     ready, skipped = eng.isolate(nodes)
     for n, why in skipped.items():
-        g = cont[n].group if n in cont else ""
-        eng.rec.result(
-            rid,
-            cluster.name,
-            Result(n, g, "+".join(opts.checks), Attempt.INITIAL, CheckState.SKIPPED, time.time(), time.time(), [why]),
-        )
-        cluster.store.event(
-            cluster.name, "Instance", "Warning", f"Deep health check {rid} skipped {n}: {why}", g, node=n
-        )
+        g, now = cont[n].group if n in cont else "", time.time()
+        r = Result(n, g, "+".join(opts.checks), Attempt.INITIAL, CheckState.SKIPPED, now, now, [why])
+        eng.rec.result(rid, cluster.name, r)
+        eng.event("Warning", f"Deep health check {rid} skipped {n}: {why}", n, g)
         verdicts[n] = Outcome(CheckState.SKIPPED, why)
-    runs = [NodeRun(n, cont[n].group, cat[cont[n].itype]) for n in ready]
+
+    def run(n: str) -> NodeRun:
+        return NodeRun(n, cont[n].group, cluster.env.catalogue[cont[n].itype])
+
+    runs = [run(n) for n in ready]
     if runs:
-        peer_runs = [NodeRun(n, cont[n].group, cat[cont[n].itype]) for n in peers if n in cont and n not in ready]
-        eng.check(runs, peer_runs)
+        eng.check(runs, [run(n) for n in peers if n in cont and n not in ready])
     errored = [r for r in runs if r.error]
     failed = [r for r in runs if r.failed and not r.error]
     passed = [r for r in runs if not r.failed and not r.error]
@@ -387,13 +359,8 @@ def run_and_record(
     rec.set_verdicts(rid, {n: str(v) for n, v in verdicts.items()}, {n: v.result for n, v in verdicts.items()})
     bad = {n: v for n, v in verdicts.items() if not v.passed}
     summary = f"{len(verdicts) - len(bad)} of {len(verdicts)} node(s) passed"
-    rec.set_state(
-        rid,
-        RequestState.COMPLETED,
-        summary,
-        detail=": " + "; ".join(f"{n} {v}" for n, v in bad.items())[:400] if bad else "",
-        level="Warning" if bad else None,
-    )
+    detail = ": " + "; ".join(f"{n} {v}" for n, v in bad.items())[:400] if bad else ""
+    rec.set_state(rid, RequestState.COMPLETED, summary, detail=detail, level="Warning" if bad else None)
     return verdicts
 
 
@@ -404,9 +371,7 @@ def hand_back(cluster: Cluster, rid: str, nodes: list[str], on_start: bool) -> N
     reason, still unchecked, so that they take no job."""
     sidecar.remove_all(cluster, rid)
     try:
-        held = [
-            n.name for n in cluster.slurm.nodes() if n.name in nodes and n.drained and is_health_reason(n.reason, rid)
-        ]
+        held = [n.name for n in cluster.slurm.nodes() if n.drained and is_health_reason(n.reason, rid)]
         if on_start:
             cluster.slurm.drain(held, ONSTART_REASON)
         else:

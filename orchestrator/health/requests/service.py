@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -14,14 +13,11 @@ from ...core.context import Cluster, Env
 from ...core.procs import alive
 from ...errors import BadInput, NotFound, OperationFailed, WaitTimeout
 from ...gpu.thresholds import thresholds_checked
-from ...slurm.model import is_health_reason
 from ...state.health_requests import Records, Request, output_dir
-from ...state.phases import Phase
 from ...state.statuses import CheckState
 from ...state.store import iso
 from ...state.transitions import ACTIVE, RequestState
 from ..tools import options as option_rules
-from . import sidecar
 from .decisions import CHECKS, validate_checks
 from .runner import hand_back
 
@@ -99,15 +95,11 @@ def start(
             [sys.executable, "-m", "orchestrator.health.requests.worker", name, rid],
             start_new_session=True,
             stdin=subprocess.DEVNULL,
-            stdout=open(rec_log(env, name, rid), "ab"),
+            stdout=open(output_dir(env.store, name, rid) / "worker.log", "ab"),
             stderr=subprocess.STDOUT,
         )
         rec.set_pid(rid, proc.pid)
     return rid
-
-
-def rec_log(env: Env, name: str, rid: str):
-    return output_dir(env.store, name, rid) / "worker.log"
 
 
 def reap_dead(env: Env, rec: Records, r: Request) -> Request:
@@ -191,19 +183,8 @@ def cancel(env: Env, name: str) -> str:
             "the cluster's agent): it cannot be cancelled; it ends by itself",
             "cannot cancel",
         )
-    if r.pid and alive(r.pid):
-        try:
-            os.killpg(r.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    cluster = Cluster(env, name)
-    sidecar.remove_all(cluster, r.id)
-    mine = [n.name for n in cluster.slurm.nodes() if n.drained and is_health_reason(n.reason, r.id)]
-    cluster.slurm.resume(mine)
-    latest = env.store.latest_phases(name)
-    for n in r.nodes:
-        if latest.phase(n) is Phase.CHECKING:
-            env.store.set_phase(name, n, Phase.RUNNING, "")
+    _stop(r)
+    hand_back(Cluster(env, name), r.id, r.nodes, on_start=False)
     rec.set_state(r.id, RequestState.CANCELLED, "cancelled by the user", expect=ACTIVE)  # unless it ended meanwhile
     return r.id
 
@@ -213,16 +194,18 @@ def stop_for_delete(env: Env, name: str) -> None:
     stop it first. Its check containers go with the cluster's containers."""
     rec = Records(env.store)
     act = rec.active(name)
-    if act is not None and act.pid and not act.options.get("on_start"):
-        try:
-            os.killpg(act.pid, signal.SIGTERM)
-        except (ProcessLookupError, PermissionError):
-            pass
+    if act is not None and not act.options.get("on_start"):
+        _stop(act)
     rec.forget(name)
 
 
-def dumps(doc: dict[str, Any]) -> str:
-    return json.dumps(doc, indent=2)
+def _stop(r: Request) -> None:
+    """End a request's detached worker (its process group)."""
+    if r.pid and alive(r.pid):
+        try:
+            os.killpg(r.pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def all_passed(doc: dict[str, Any]) -> bool:
