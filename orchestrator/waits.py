@@ -17,19 +17,21 @@ look is itself slow (an exec into a container) and whose latency is what matters
 `slept_after(wait, attempt)` is the pause a tenacity wait strategy makes after failed
 try `attempt` (backoffs computed from a recorded retry count).
 
-Imports nothing of hp's but errors (the lowest floor).
+Imports nothing of hp's but errors (the lowest floor); tenacity when a wait runs (a
+command that waits for nothing, `hp nodes`, loads none of it).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
-
-from tenacity import RetryCallState, Retrying, retry_if_exception_type, retry_if_result, stop_after_attempt
-from tenacity.wait import wait_base
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import WaitTimeout
+
+if TYPE_CHECKING:
+    from tenacity import RetryCallState
+    from tenacity.wait import wait_base
 
 T = TypeVar("T")
 Clock = Callable[[], float]
@@ -66,6 +68,8 @@ def _looks(
     paced: bool = False,
 ) -> tuple[bool, T]:
     """(done, the last value looked at); `end`: the clock's time to give up at."""
+    from tenacity import Retrying, retry_if_exception_type, retry_if_result
+
     began = [clock()]  # the latest look's start (paced)
 
     def look() -> T:
@@ -145,6 +149,8 @@ def pause(seconds: float) -> None:
 def slept_after(wait: wait_base, attempt: int) -> float:
     """The pause tenacity's `wait` makes after failed try number `attempt` (>= 1): found by
     letting a Retrying fail that many tries with a sleep that records instead of sleeping."""
+    from tenacity import Retrying, retry_if_result, stop_after_attempt
+
     slept: list[float] = []
     Retrying(
         wait=wait,

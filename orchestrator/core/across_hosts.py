@@ -14,15 +14,18 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..docker.images import MULTIHOST_IMAGES
 from ..docker.views import LOCAL_ENGINE, ContainerSpec
 from ..errors import EngineError, EngineUnavailable, OperationFailed
 from ..naming import L_HOST, fileserver_name, labels, network_name, shared_volume
 from ..releases import DEFAULT
-from ..spec.model import ClusterSpec
 from . import hostprobe
 from .context import Cluster, Env, parallel
+
+if TYPE_CHECKING:
+    from ..spec.model import ClusterSpec
 
 log = logging.getLogger("hp")
 

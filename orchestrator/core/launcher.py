@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..docker.views import LOCAL_ENGINE, ContainerSpec
 from ..errors import EngineError, EngineUnavailable, InsufficientCapacity, LaunchError, OperationFailed
@@ -42,9 +43,11 @@ from ..naming import (
 )
 from ..slurm.conf import slurmd_conf
 from ..slurm.model import ONSTART_REASON
-from ..spec.model import InstanceGroup
 from . import capacity, lifecycle, placement
 from .context import SLURM_UID, Cluster, parallel
+
+if TYPE_CHECKING:
+    from ..spec.model import InstanceGroup
 
 log = logging.getLogger("hp")
 FileMap = dict[str, tuple[bytes, int, int]]

@@ -25,14 +25,16 @@ import shlex
 import threading
 import time
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from .. import waits
 from ..docker.provider import Provider
 from ..errors import TRANSIENT, EngineError, LaunchError
 from ..naming import node_name
 from ..spec.lifecycle import folder_files
-from ..spec.model import ClusterSpec, InstanceGroup, LifeCycleSpec
+
+if TYPE_CHECKING:
+    from ..spec.model import ClusterSpec, InstanceGroup, LifeCycleSpec
 
 DIR = "opt/hp/oncreate"  # relative to /, as put_archive's tar names are
 RESULT = f"/{DIR}/rc"

@@ -17,13 +17,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..docker.views import LOCAL_ENGINE, Container
 from ..errors import InsufficientCapacity
 from ..naming import L_CLUSTER
 from ..spec.catalogue import InstanceType
-from ..spec.model import InstanceGroup
 from .capacity import Pool, Usage, fit, usage
+
+if TYPE_CHECKING:
+    from ..spec.model import InstanceGroup
 
 
 @dataclass

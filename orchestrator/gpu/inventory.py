@@ -30,8 +30,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-import yaml
-
 from ..docker.images import base_refs
 from ..docker.provider import Provider
 from ..docker.views import ContainerSpec
@@ -106,6 +104,8 @@ class Probe:
 
 def _cdi_names(text: str, where: str) -> list[str]:
     """Device names a CDI spec (YAML or JSON) declares: "<kind>=<name>"."""
+    import yaml
+
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError:

@@ -9,14 +9,12 @@ NCCL GPU count below 2, a tolerance outside (0, 1). An overlay file
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .. import resources
 from ..errors import BadInput
@@ -42,32 +40,39 @@ class ThresholdsError(ValueError):
         super().__init__(text)
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=False)
+@functools.cache
+def _file_model() -> type[Any]:
+    """The file's pydantic model, made on first use: importing this module (the health
+    checks' service, `hp health-check status`) loads no pydantic."""
+    from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-    Measured: bool
-    Source: str = ""
-    Bf16GemmTflops: float | None = Field(default=None, gt=0)
-    HbmCopyGBps: float | None = Field(default=None, gt=0)
-    NcclAllReduceBusBwGBps: dict[int, float] = Field(default_factory=dict)
-    NcclAllReduceBusBwGBpsPcie: dict[int, float] = Field(default_factory=dict)
+    class _Model(BaseModel):
+        model_config = ConfigDict(extra="forbid", strict=False)
 
-    @field_validator("NcclAllReduceBusBwGBps", "NcclAllReduceBusBwGBpsPcie")
-    @classmethod
-    def _gpu_counts(cls, v: dict[int, float]) -> dict[int, float]:
-        for n, bw in v.items():
-            if n < 2:
-                raise ValueError(f"GPU count {n}: all_reduce thresholds start at 2 GPUs (one rank has busbw 0)")
-            if bw <= 0:
-                raise ValueError(f"{n} GPUs: bus bandwidth must be > 0, got {bw}")
-        return v
+        Measured: bool
+        Source: str = ""
+        Bf16GemmTflops: float | None = Field(default=None, gt=0)
+        HbmCopyGBps: float | None = Field(default=None, gt=0)
+        NcclAllReduceBusBwGBps: dict[int, float] = Field(default_factory=dict)
+        NcclAllReduceBusBwGBpsPcie: dict[int, float] = Field(default_factory=dict)
 
+        @field_validator("NcclAllReduceBusBwGBps", "NcclAllReduceBusBwGBpsPcie")
+        @classmethod
+        def _gpu_counts(cls, v: dict[int, float]) -> dict[int, float]:
+            for n, bw in v.items():
+                if n < 2:
+                    raise ValueError(f"GPU count {n}: all_reduce thresholds start at 2 GPUs (one rank has busbw 0)")
+                if bw <= 0:
+                    raise ValueError(f"{n} GPUs: bus bandwidth must be > 0, got {bw}")
+            return v
 
-class _File(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    class _File(BaseModel):
+        model_config = ConfigDict(extra="forbid")
 
-    TolerancePerNode: float = Field(default=DEFAULT_TOLERANCE, gt=0, lt=1)
-    Models: dict[str, _Model] = Field(default_factory=dict)
+        TolerancePerNode: float = Field(default=DEFAULT_TOLERANCE, gt=0, lt=1)
+        Models: dict[str, _Model] = Field(default_factory=dict)
+
+    return _File
 
 
 @dataclass(frozen=True)
@@ -117,6 +122,8 @@ def _loc(loc: tuple[Any, ...]) -> str:
 def parse_thresholds(text: str, source: str) -> ThresholdTable:
     """Validate one thresholds file. Raises ThresholdsError listing every
     problem, each as "<source>: <where>: <what>"."""
+    import yaml
+
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -133,8 +140,10 @@ def parse_thresholds(text: str, source: str) -> ThresholdTable:
                 problems.append(
                     f"{source}: Models.{name}: unknown GPU model {name!r} (known: {', '.join(sorted(KNOWN_MODELS))})"
                 )
+    from pydantic import ValidationError
+
     try:
-        parsed = _File.model_validate(doc)
+        parsed = _file_model().model_validate(doc)
     except ValidationError as e:
         for err in e.errors():
             where = _loc(err["loc"])
@@ -186,6 +195,8 @@ def load_thresholds(
     except OSError as e:
         raise ThresholdsError(f"{p}: cannot read: {e.strerror}") from None
     over = parse_thresholds(text, str(p))
+    import yaml
+
     doc = yaml.safe_load(text)
     return merge(table, over, isinstance(doc, dict) and "TolerancePerNode" in doc)
 

@@ -9,7 +9,6 @@ Protocol: the orchestration is unit-tested against an in-memory fake, tests/fake
 
 from __future__ import annotations
 
-import http.client
 from typing import Protocol, runtime_checkable
 
 from .. import waits
@@ -203,6 +202,8 @@ class SlurmCli:
             if remote or label not in set(SlurmRelease) or not RELEASES[SlurmRelease(label)].readyz or not d.addresses:
                 return False  # the release is read again at the next ping: an upgrade replaces the controller
             self._readyz = (next(iter(d.addresses.values())), SLURMCTLD_PORT)
+        import http.client  # here: it loads ssl and email, ~15 ms of each command with a Slurm client
+
         conn = http.client.HTTPConnection(*self._readyz, timeout=READYZ_TIMEOUT_S)
         try:
             conn.request("GET", "/readyz")

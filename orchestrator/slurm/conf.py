@@ -5,11 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from string import Template
+from typing import TYPE_CHECKING
 
 from .. import resources
 from ..naming import node_name
 from ..spec.catalogue import InstanceType
-from ..spec.model import ClusterSpec
+
+if TYPE_CHECKING:
+    from ..spec.model import ClusterSpec
 
 SLURMD_TIMEOUT = 30  # hp watches Docker events itself; Slurm's own detection is a backstop
 

@@ -9,8 +9,6 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from .. import resources
 from ..errors import BadInput
 
@@ -82,6 +80,8 @@ def _parse(doc: object, source: str) -> dict[str, InstanceType]:
 @functools.cache
 def _builtin() -> dict[str, InstanceType]:
     """The shipped catalogue, parsed once per process (it is package data: it does not change)."""
+    import yaml
+
     text = resources.data("instance-types.yaml").read_text()
     return _parse(yaml.safe_load(text), "built-in catalogue")
 
@@ -97,6 +97,8 @@ def load_catalogue(
         types.update({k: v for k, v in found.items() if k not in types})
     extra = extra or os.environ.get("HP_INSTANCE_TYPES")
     if extra:
+        import yaml
+
         p = Path(extra)
         try:
             doc = yaml.safe_load(p.read_text())

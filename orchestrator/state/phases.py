@@ -13,8 +13,6 @@ import time
 from dataclasses import dataclass
 from enum import Enum, StrEnum
 
-from tenacity import wait_exponential
-
 from ..errors import InvalidTransition
 from ..waits import slept_after
 
@@ -268,6 +266,8 @@ class Backoff:
     maximum: float = 10.0
 
     def delay(self, attempt: int) -> float:
+        from tenacity import wait_exponential  # here: the commands that read phases compute no backoff
+
         # 2**31 times the first wait is past any maximum: later tries wait the same
         wait = wait_exponential(multiplier=self.initial, min=self.initial, max=self.maximum)
         return float(slept_after(wait, min(max(attempt, 1), 32)))

@@ -193,7 +193,8 @@ class Store:
         self._db = sqlite3.connect(self.path, timeout=30, check_same_thread=False, isolation_level=None)
         if fresh:
             os.chmod(self.path, 0o600)
-        waits.until(self._prepare, what=f"opening {self.path} (database is locked)", every=0.1, timeout=30)
+        if not self._prepare():  # the usual case prepares at once: no wait set up (tenacity's import)
+            waits.until(self._prepare, what=f"opening {self.path} (database is locked)", every=0.1, timeout=30)
         self._file = os.stat(self.path).st_ino  # the file opened (see gone())
 
     def _prepare(self) -> bool:

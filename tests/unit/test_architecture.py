@@ -74,6 +74,19 @@ LAZY: dict[tuple[str, str], str] = {
     ("cluster/target.py", "typing"): "types only: the quick `hp exec` (cli/quick.py) loads no typing (5 ms)",
     ("cluster/target.py", "orchestrator"): "types only: the quick `hp exec` loads neither views.py nor dataclasses",
     ("services/metrics.py", "prometheus_client"): "only the agent serves metrics, not the CLI's queries",
+    ("waits.py", "tenacity"): "tenacity when a wait runs: `hp nodes`, `hp events`, `hp describe` wait for nothing",
+    ("state/phases.py", "tenacity"): "a backoff computed when asked: the commands that read phases compute none",
+    ("slurm/client.py", "http"): "http.client (with ssl and email, ~15 ms) for slurmctld's /readyz ping only",
+    ("gpu/thresholds.py", "pydantic"): "the thresholds file's model, made when a file is read: `hp health-check "
+    "status` loads no pydantic",
+    **{
+        (m, "yaml"): "YAML (~20 ms) when a file is read: `hp health-check status` reads none"
+        for m in ("spec/catalogue.py", "gpu/thresholds.py", "gpu/inventory.py")
+    },
+    **{
+        (m, "orchestrator"): "the spec's model is a type here only: `hp health-check status` loads no pydantic"
+        for m in ("core/across_hosts.py", "core/launcher.py", "core/lifecycle.py", "core/placement.py", "slurm/conf.py")
+    },
 }
 SLURM_COMMANDS = {
     "scontrol",

@@ -1018,7 +1018,7 @@ def test_main_turns_what_escapes_the_parser_into_exit_codes(
     def app(**kw: Any) -> None:
         raise raised
 
-    monkeypatch.setattr(cli, "command", lambda: app)
+    monkeypatch.setattr(cli, "command", lambda name=None: app)
     with pytest.raises(SystemExit) as ei:
         cli.main()
     assert ei.value.code == code and capsys.readouterr().err == said
