@@ -294,7 +294,7 @@ class FakeProvider:
         return [
             c.view()
             for c in out
-            if _match(c.spec.labels, cluster)
+            if (_match(c.spec.labels, cluster) or (not cluster and L_MANAGED in (extra_labels or {})))
             and all(c.spec.labels.get(k) == v for k, v in (extra_labels or {}).items())
         ]
 

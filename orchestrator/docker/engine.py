@@ -641,7 +641,9 @@ class DockerEngine:
                 self.api.remove_container(container, force=True, v=False)
 
     def containers(self, cluster: str | None = None, extra_labels: dict[str, str] | None = None) -> list[Container]:
-        flt = [_label_filter(cluster)] + [f"{k}={v}" for k, v in (extra_labels or {}).items()]
+        extra = extra_labels or {}
+        flt = [_label_filter(cluster)] if cluster or L_MANAGED not in extra else []
+        flt += [f"{k}={v}" for k, v in extra.items()]
         with _wire_errors("list containers"):
             raw = self.wire.containers({"label": flt})
         out = []

@@ -128,7 +128,8 @@ class Provider(Protocol):
         """Remove (forcibly) a container; one that does not exist is no error."""
 
     def containers(self, cluster: str | None = None, extra_labels: dict[str, str] | None = None) -> list[Container]:
-        """hp's containers (of one cluster), running or not."""
+        """hp's containers (of one cluster), running or not, with `extra_labels` too; an
+        io.hp.managed among them replaces hp's mark (its helpers, e.g. the GPU probe, are 0)."""
 
     def inspect(self, container: str) -> ContainerDetails: ...
 

@@ -20,6 +20,7 @@ hosts whose GPUs hp cannot see): those GPUs are capacity only, never wired.
 
 from __future__ import annotations
 
+import calendar
 import json
 import logging
 import os
@@ -57,6 +58,7 @@ DEFAULT_TTL = 120.0
 DEFAULT_DRIVER_DIR = "/usr/local/nvidia"
 KEY = "gpu.discovery:"  # + engine name
 PROBE_TIMEOUT = 60.0
+PROBE_ROLE = "gpu-probe"
 BINARY_DIRS = ("/usr/bin", "/usr/local/bin")
 _DEVICE = re.compile(r"^/dev/nvidia(\d+|ctl|-uvm|-uvm-tools|-modeset)$")
 _GPU_DEVICE = re.compile(r"^/dev/nvidia(\d+)$")
@@ -339,7 +341,7 @@ def _probe_spec(image: str, driver_dir: str | None, cdi_dirs: Sequence[str]) -> 
     return ContainerSpec(
         name=f"hp-gpu-probe-{secrets.token_hex(4)}",
         image=image,
-        labels={L_MANAGED: "0", L_ROLE: "gpu-probe"},
+        labels={L_MANAGED: "0", L_ROLE: PROBE_ROLE},
         network="none",
         command=["sh", "-c", PROBE_SCRIPT, "hp-gpu-probe", inner],
         binds=binds,
@@ -351,12 +353,31 @@ def _smi_spec(image: str, wiring: GpuWiring) -> Any:
     return ContainerSpec(
         name=f"hp-gpu-probe-{secrets.token_hex(4)}",
         image=image,
-        labels={L_MANAGED: "0", L_ROLE: "gpu-probe"},
+        labels={L_MANAGED: "0", L_ROLE: PROBE_ROLE},
         network="none",
         command=["nvidia-smi", "-q", "-x"],
         gpus=wiring,
         memory_bytes=256 << 20,
     )
+
+
+def remove_left_probes(provider: Provider, now: float | None = None) -> list[str]:
+    """Probes a process left (killed between its probe's end and the probe's removal):
+    exited ones older than a probe may live, so that none a running discovery still reads
+    is taken from it. Returns the names removed."""
+    left = provider.containers(None, {L_MANAGED: "0", L_ROLE: PROBE_ROLE})
+    cutoff = (time.time() if now is None else now) - 2 * PROBE_TIMEOUT
+    old = [c for c in left if not c.running and _epoch(c.created) < cutoff]
+    for c in old:
+        provider.remove_container(c.id)
+    return [c.name for c in old]
+
+
+def _epoch(iso: str) -> float:
+    try:
+        return calendar.timegm(time.strptime(iso, "%Y-%m-%dT%H:%M:%SZ"))
+    except ValueError:
+        return 0.0  # no creation time known: old
 
 
 def probe_wiring(mode: str, probe: Probe, driver: DriverFiles) -> GpuWiring:
@@ -386,6 +407,7 @@ def run_discovery(provider: Provider, env: Mapping[str, str] | None = None) -> H
         return _with(base, source="unavailable", why="no image to probe the host with yet ('hp images build')")
     driver_dir = env.get(ENV_DRIVER_DIR) or None
     cdi_dirs = list(info.cdi_spec_dirs)
+    remove_left_probes(provider)
     res = provider.run_once(_probe_spec(image, driver_dir, cdi_dirs), timeout=PROBE_TIMEOUT)
     if res.exit_code != 0:
         return _with(base, source="unavailable", why=f"the GPU probe exited {res.exit_code}: {res.output[-300:]}")

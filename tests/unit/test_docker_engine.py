@@ -320,6 +320,8 @@ def test_containers_are_mapped_from_the_recorded_list(tmp_path: Path) -> None:
     assert json.loads(srv.asked[1].query["filters"][0]) == {"label": ["io.hp.cluster=ut-rec", "io.hp.role=worker"]}
     e.containers()
     assert json.loads(srv.asked[2].query["filters"][0]) == {"label": ["io.hp.managed=1"]}
+    e.containers(extra_labels={"io.hp.managed": "0", "io.hp.role": "gpu-probe"})  # hp's helpers: their mark, not hp's
+    assert json.loads(srv.asked[3].query["filters"][0]) == {"label": ["io.hp.managed=0", "io.hp.role=gpu-probe"]}
     assert e._api is None  # a listing loads no docker-py
     srv.close()
 

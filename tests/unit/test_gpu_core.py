@@ -7,6 +7,7 @@ controller's gres.conf with its reconfigure before a GPU node starts."""
 
 from __future__ import annotations
 
+import calendar
 import json
 
 import pytest
@@ -185,6 +186,28 @@ def test_discovery_on_a_host_without_gpus_runs_one_short_container_and_caches(tm
     w.env.gpus()
     assert len(p.runs) == runs + 1  # cached in the store
     assert len(discover(p, w.env.store, refresh=True).ids) == 0 and len(p.runs) == runs + 2
+
+
+def test_a_probe_left_by_a_killed_process_is_removed_by_the_next_discovery(tmp_path):
+    """A process SIGKILLed between its probe's end and the probe's removal leaves it (exited,
+    io.hp.managed=0: no cluster's, no capacity's). The next discovery removes exited ones older
+    than a probe may live, never one a discovery beside it may still be reading."""
+    w = world(tmp_path)
+    p = w.provider
+    image = "keep:probe"
+    made = {}
+    for n in ("old", "running"):
+        made[n] = p.create_container(
+            ContainerSpec(f"hp-gpu-probe-{n}", image, {"io.hp.managed": "0", "io.hp.role": "gpu-probe"})
+        )
+    p.start(made["running"])
+    cluster_node = p.create_container(ContainerSpec("hp-x-cpu-1", image, {"io.hp.managed": "1", "io.hp.cluster": "x"}))
+    created = calendar.timegm((2026, 1, 1, 0, 0, 0, 0, 0, 0))  # the fake's creation time of every container
+    assert inventory.remove_left_probes(p, now=created + inventory.PROBE_TIMEOUT) == []  # may still be read
+    assert inventory.remove_left_probes(p, now=created + 3 * inventory.PROBE_TIMEOUT) == ["hp-gpu-probe-old"]
+    left = {c.name for c in p.containers(None, {"io.hp.managed": "0"})}
+    assert left == {"hp-gpu-probe-running"} and cluster_node in {c.id for c in p.containers("x")}
+    assert all(c.labels.get("io.hp.managed") == "1" for c in p.containers())  # hp's own: the probe is not
 
 
 def test_discovery_of_the_h200_host_no_toolkit(tmp_path):
