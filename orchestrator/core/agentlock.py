@@ -66,8 +66,9 @@ def take(home: str | os.PathLike[str], name: str) -> IO[str] | None:
 
 
 def holder(home: str | os.PathLike[str], name: str) -> int | None:
-    """The live agent's pid, or None when no agent holds the lock (-1: alive, pid unknown).
-    A look holds the lock shared: looks at once never take each other for an agent."""
+    """The live agent's pid, or None when no agent holds the lock (-1: alive, pid unknown:
+    not written yet, or still its predecessor's, dead: never a pid to signal)."""
+    # a look holds the lock shared: looks at once never take each other for an agent
     lock, pidf, _ = _files(home, name)
     with open(lock, "a+") as f:
         try:
@@ -75,8 +76,21 @@ def holder(home: str | os.PathLike[str], name: str) -> int | None:
         except BlockingIOError:
             try:
                 with open(pidf) as p:
-                    return int(p.read().strip())
+                    pid = int(p.read().strip())
             except (OSError, ValueError):
                 return -1
+            # a dead process's pid: the last agent's, which the one that holds the lock now has
+            # not written over yet (take() writes its pid once it holds the lock)
+            return pid if _alive(pid) else -1
         fcntl.flock(f, fcntl.LOCK_UN)
         return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: alive
+        return True
+    return True

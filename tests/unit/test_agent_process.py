@@ -119,8 +119,10 @@ def test_pid_of_a_lock_held_by_another_open_file_description(store: Store) -> No
         assert a.pid("lab") == -1  # alive, pid not written yet
         pidf.write_text("not a pid\n")
         assert a.pid("lab") == -1
-        pidf.write_text("12345\n")
-        assert a.pid("lab") == 12345
+        pidf.write_text(f"{os.getpid()}\n")
+        assert a.pid("lab") == os.getpid()
+        pidf.write_text(f"{dead_pid()}\n")  # the last agent's: the one holding the lock has not written yet
+        assert a.pid("lab") == -1
     assert a.pid("lab") is None  # released: no agent
 
 
@@ -191,7 +193,8 @@ def test_poke_and_stop_of_an_absent_or_dead_agent_do_nothing(store: Store, monke
     real_kill = os.kill
 
     def kill(pid: int, sig: int) -> None:
-        sent.append((pid, sig))
+        if sig:  # 0 asks whether it lives: no signal
+            sent.append((pid, sig))
         real_kill(pid, sig)
 
     monkeypatch.setattr(agents.os, "kill", kill)
@@ -206,9 +209,9 @@ def test_poke_and_stop_of_an_absent_or_dead_agent_do_nothing(store: Store, monke
         a.stop("lab")  # -1: alive, pid unknown: never signal a guess
         assert sent == []
         pidf.write_text(str(gone))
-        a.poke("lab")  # the pid it wrote has exited: no error
+        a.poke("lab")  # a pid that has exited: unknown, never signalled (it may be another process's by now)
         a.stop("lab")
-    assert sent == [(gone, signal.SIGUSR1), (gone, signal.SIGTERM)]
+    assert sent == []
 
 
 def test_stop_terminates_the_agent_and_waits_for_the_lock(store: Store, holders: list) -> None:
@@ -235,6 +238,8 @@ def test_stop_when_the_agent_is_gone_before_the_kill(store: Store, monkeypatch: 
     sigs: list[int] = []
 
     def kill(pid: int, sig: int) -> None:
+        if sig == 0:  # alive while it holds the lock
+            return
         sigs.append(sig)
         if sig == signal.SIGKILL:
             raise ProcessLookupError
