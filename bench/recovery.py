@@ -156,8 +156,13 @@ def measure(name: str, runs: int) -> None:
     # nan: taken back before a poll saw it idle
     seen_idle = [b for b in busy_idle if not math.isnan(b)] or [float("nan")]
     retry, held = statistics.median(retries), statistics.median(seen_idle)
-    print(f"kill-to-idle of a node that held a step, median: {held:.2f} s")
+    if math.isnan(held):  # every retried step took its node back before a poll saw it idle: no base
+        print("kill-to-idle of a node that held a step: not measured (the retried step took it first each run)")
+    else:
+        print(f"kill-to-idle of a node that held a step, median: {held:.2f} s")
     for what, base in (("an idle node's", idle_s), ("the step's node's", held)):
+        if math.isnan(base):
+            continue
         verdict = "pass" if retry <= 2 * base else "FAIL"
         print(
             f"kill-to-retry, median over {len(retries)} runs: {retry:.2f} s = {retry / base:.2f}x "
