@@ -9,6 +9,7 @@ import os
 import time
 
 from ..state.home import cluster_dir, cluster_folder
+from .procs import alive
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
@@ -81,16 +82,6 @@ def holder(home: str | os.PathLike[str], name: str) -> int | None:
                 return -1
             # a dead process's pid: the last agent's, which the one that holds the lock now has
             # not written over yet (take() writes its pid once it holds the lock)
-            return pid if _alive(pid) else -1
+            return pid if alive(pid) else -1
         fcntl.flock(f, fcntl.LOCK_UN)
         return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's: alive
-        return True
-    return True

@@ -12,7 +12,7 @@ from fakes import spec_doc, world
 from orchestrator.cluster.create import CreateOptions, create
 from orchestrator.core.context import Cluster
 from orchestrator.docker.views import ExecResult
-from orchestrator.errors import BadInput, NotFound
+from orchestrator.errors import BadInput, NotFound, OperationFailed
 from orchestrator.health.requests import onstart, service
 from orchestrator.health.requests import runner as engine_mod
 from orchestrator.health.requests.runner import Options, run_and_record
@@ -196,6 +196,11 @@ def test_service_validates_before_touching_anything_and_cancels(w):
         service.start(w.env, "nope", [], [], [], {})
     rid = service.start(w.env, "lab", ["cpu"], [], ["InstanceStress"], {}, detach=False)
     w.slurm.drain(["cpu-1"], f"hp:health:{rid}:InstanceStress")
+    w.slurm.up = False  # the controller does not answer: said, and the request stays to be cancelled again
+    with pytest.raises(OperationFailed):
+        service.cancel(w.env, "lab")
+    assert service.status(w.env, "lab")["Request"]["State"] == "Pending" and w.slurm.nodes_["cpu-1"].drained
+    w.slurm.up = True
     assert service.cancel(w.env, "lab") == rid
     assert not w.slurm.nodes_["cpu-1"].drained
     with pytest.raises(NotFound):

@@ -278,21 +278,21 @@ class Engine:
         check = "InstanceConnectivity"
         rows = {x.node: self._row(x, check) for x in runs}
 
-        def finish(x: NodeRun, why: list[str], figures: dict, out: str) -> None:
+        def finish(x: NodeRun, why: list[str], figures: dict, out: str, short: str = "") -> None:
             self._finish(*rows[x.node], CheckState.FAILED if why else CheckState.PASSED, why, figures, out)
-            if why:
-                x.failed[check] = why[0][:150]
+            if why:  # the drain reason's words
+                x.failed[check] = (short or why[0])[:150]
 
         if len(everyone) < 2:
             for x in runs:
-                finish(x, [f"{check} needs at least 2 nodes under check"], {}, "")
+                finish(x, [f"{check} needs at least 2 nodes under check"], {}, "", "needs at least 2 nodes")
             return
         try:
             itypes = {x.node: x.itype for x in everyone}
             res = run_connectivity(self.c, [cars[x.node] for x in everyone], itypes, self.opts.iperf_seconds)
         except TRANSIENT as e:  # could not run: a failed check
             for x in runs:
-                finish(x, [f"check did not run: {e}"], {}, str(e))
+                finish(x, [f"check did not run: {e}"], {}, str(e), str(e))
             return
         except Exception as e:  # noqa: BLE001 - a bug: not a verdict on the nodes
             for x in runs:
@@ -364,11 +364,12 @@ def run_and_record(
     return verdicts
 
 
-def hand_back(cluster: Cluster, rid: str, nodes: list[str], on_start: bool) -> None:
+def hand_back(cluster: Cluster, rid: str, nodes: list[str], on_start: bool, strict: bool = False) -> None:
     """After a request failed (not its checks: the request itself; also its worker killed,
-    service.reap_dead), remove its check containers and give back the nodes it still
-    holds: on-demand ones are resumed; on-start ones are drained again with the on-start
-    reason, still unchecked, so that they take no job."""
+    service.reap_dead) or was cancelled, remove its check containers and give back the nodes
+    it still holds: on-demand ones are resumed; on-start ones are drained again with the
+    on-start reason, still unchecked, so that they take no job. `strict`: Slurm's silence is
+    raised (the nodes stay drained either way)."""
     sidecar.remove_all(cluster, rid)
     try:
         held = [n.name for n in cluster.slurm.nodes() if n.drained and is_health_reason(n.reason, rid)]
@@ -377,6 +378,8 @@ def hand_back(cluster: Cluster, rid: str, nodes: list[str], on_start: bool) -> N
         else:
             cluster.slurm.resume(held)
     except OperationFailed:  # controller down: the nodes stay drained, which is safe
+        if strict:  # `hp health-check cancel`: said, the request stays active (cancelled again later)
+            raise
         held = []
     latest = cluster.store.latest_phases(cluster.name)
     for n in nodes:

@@ -184,7 +184,7 @@ def cancel(env: Env, name: str) -> str:
             "cannot cancel",
         )
     _stop(r)
-    hand_back(Cluster(env, name), r.id, r.nodes, on_start=False)
+    hand_back(Cluster(env, name), r.id, r.nodes, on_start=False, strict=True)
     rec.set_state(r.id, RequestState.CANCELLED, "cancelled by the user", expect=ACTIVE)  # unless it ended meanwhile
     return r.id
 
