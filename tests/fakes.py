@@ -70,6 +70,7 @@ class FakeContainer:
 
     host: str = ""
     address: str = ""  # its IPv4 address on its network while running (a test sets one)
+    image_id: str = ""
 
     def view(self) -> Container:
         return Container(
@@ -82,6 +83,7 @@ class FakeContainer:
             self.spec.image,
             "10.0.0.2" if self.state == "running" else None,
             self.host,
+            self.image_id,
         )
 
 
@@ -247,7 +249,7 @@ class FakeProvider:
             if any(c.spec.name == spec.name for c in self.containers_.values()):
                 raise EngineError(f"create container {spec.name}: name in use", 409)
             cid = f"{next(_ids):08x}" + "0" * 56
-            self.containers_[cid] = FakeContainer(spec, cid, host=self.name)
+            self.containers_[cid] = FakeContainer(spec, cid, host=self.name, image_id=self.images.get(spec.image, ""))
         self.calls.append(("create", spec.name))
         return cid
 

@@ -60,7 +60,7 @@ def package_version(cluster: Cluster) -> str | None:
         return None
     ctl = cluster.controller_of(cluster.node_containers())
     try:
-        return cluster.env.slurm_version(ctl.image) if ctl is not None else None
+        return cluster.env.slurm_version(ctl.image, ctl.image_id) if ctl is not None else None
     except TRANSIENT:
         return None
 

@@ -115,12 +115,13 @@ class Env:
             self._images[release] = Images(self.provider, release)
         return self._images[release]
 
-    def slurm_version(self, ref: str) -> str | None:
+    def slurm_version(self, ref: str, image_id: str = "") -> str | None:
         """Slurm's exact version in an image (docker/images.py), remembered per image id in
-        the store: images are immutable. None when the image is absent or has no slurmd."""
+        the store: images are immutable. None when the image is absent or has no slurmd.
+        `image_id`, when the caller has it (a container's listing): no inspect of `ref`."""
         from ..docker.images import slurm_version
 
-        image_id = self.provider.image_id(ref)
+        image_id = image_id or self.provider.image_id(ref)
         if image_id is None:
             return None
         kv = f"slurm-version:{image_id}"

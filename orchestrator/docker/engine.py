@@ -661,6 +661,7 @@ class DockerEngine:
                     image=c.get("Image", ""),
                     ip=ip,
                     host=self.name,
+                    image_id=c.get("ImageID", ""),
                 )
             )
         return out

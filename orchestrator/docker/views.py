@@ -67,6 +67,7 @@ class Container(_Labelled):
     image: str
     ip: str | None
     host: str = LOCAL_ENGINE  # the engine (host) it lives on
+    image_id: str = ""  # its image's id, as listed ("" when not known)
 
     @property
     def group(self) -> str:

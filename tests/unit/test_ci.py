@@ -26,6 +26,7 @@ from orchestrator.ci.logs import LogWriter, export_logs, nodes_to_collect
 from orchestrator.ci.submit import FOLLOW_SH
 from orchestrator.ci.version import versions
 from orchestrator.cluster.create import CreateOptions, create
+from orchestrator.cluster.describe import package_version
 from orchestrator.docker.images import parse_dpkg_version
 from orchestrator.docker.views import ExecResult
 from orchestrator.errors import BadInput, EngineError, NotFound, OperationFailed, WaitTimeout
@@ -590,6 +591,24 @@ def test_slurm_version_of_an_image_without_slurmd_is_not_remembered(tmp_path: Pa
     assert w.env.slurm_version(ref) is None
     assert w.env.store.get(f"slurm-version:{w.provider.image_id(ref)}") is None
     assert w.env.slurm_version("hp-worker:not-built") is None
+
+
+def test_describe_reads_the_controllers_slurm_version_by_its_listed_image_id(tmp_path: Path) -> None:
+    """The controller's image id comes with the container listing: once the version of that
+    id is remembered, `hp describe` inspects no image (docker-py's import, ~0.1 s a call)."""
+    w = world(tmp_path)
+    create(w.env, validate(spec_doc("lab"), w.env.catalogue), CreateOptions(timeout=5))
+    c = w.env.cluster("lab")
+    ctl = c.controller_of(c.node_containers())
+    assert ctl is not None and ctl.image_id == w.provider.image_id(ctl.image)
+    first = package_version(c)
+    assert first is not None  # the fake images say 24.11.5-4
+
+    def no_inspect(ref: str) -> None:
+        raise AssertionError(f"inspected {ref}")
+
+    w.provider.image_id = no_inspect  # type: ignore[method-assign]
+    assert package_version(c) == first
 
 
 def test_parse_dpkg_version() -> None:
