@@ -47,7 +47,7 @@ from ..services.accounting import controller_files, service_containers
 from ..slurm.conf import render
 from ..slurm.model import REASON_PREFIX, SlurmNode
 from ..state.operations import Operation, OperationKind, OperationStatus
-from ..state.phases import Owner, Phase, allowed, owner_of
+from ..state.phases import NodePhase, Owner, Phase, allowed, owner_of
 from ..state.transitions import ClusterStatus
 
 log = logging.getLogger("hp.upgrade")
@@ -222,12 +222,12 @@ class Upgrading(Controller):
         # a node whose replacement began (its container removed) in an agent killed before the
         # new one was made: launched on the new release now, not left Pending with no container
         latest = cluster.store.latest_phases(self.name)
-        ours = actions.replacing(why(to))  # the record of a node this upgrade is replacing
-        cut = sorted(
-            n
-            for n, rec in latest.items()
-            if n not in nodes and n != cluster.controller_node and rec.phase is Phase.REPLACING and rec.message == ours
-        )
+        replacing = actions.replacing(why(to))
+
+        def ours(rec: NodePhase) -> bool:  # the record of a node this upgrade is replacing
+            return rec.phase is Phase.REPLACING and rec.message == replacing
+
+        cut = sorted(n for n, rec in latest.items() if n not in nodes and n != cluster.controller_node and ours(rec))
         if cut:
             self._replace(cluster, op, cut, refs, to, {})
             return Result(0.0)
@@ -240,8 +240,7 @@ class Upgrading(Controller):
         held = {
             n
             for n, rec in latest.items()
-            if owner_of(rec, now) in (Owner.RECOVERY, Owner.HEALTH, Owner.REMOVAL)
-            and not (rec.phase is Phase.REPLACING and rec.message == ours)
+            if owner_of(rec, now) in (Owner.RECOVERY, Owner.HEALTH, Owner.REMOVAL) and not ours(rec)
         }
         behind = {n: c for n, c in nodes.items() if c.role in ("login", "worker") and not upgraded(c, to)}
         login = sorted(n for n, c in behind.items() if c.role == "login" and n not in held)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from conftest import ROOT, Hp, small_spec, write_spec
+from conftest import ROOT, Hp, small_spec, wait_until, write_spec
 
 from orchestrator.slurm.model import SlurmNode, parse_nodes
 
@@ -102,17 +102,18 @@ def events(hp: Hp, name: str) -> list[str]:
 
 
 def wait_event(hp: Hp, name: str, *parts: str, timeout: float = 15) -> str:
-    """The first event holding every part (recovery writes its event right after the node is back)."""
-    t0 = time.monotonic()
-    while True:
-        t = time.monotonic()
-        ev = events(hp, name)
-        hit = next((e for e in ev if all(p in e for p in parts)), None)
-        if hit is not None:
-            return hit
-        if time.monotonic() - t0 > timeout:
-            raise AssertionError(f"no event with {parts} in {ev}")
-        time.sleep(max(0.2, time.monotonic() - t))  # a slow `hp events` (a loaded machine): as long a pause
+    """The first event holding every part (recovery writes its event right after the node is back);
+    the events seen last are said when there is none."""
+    seen: list[str] = []
+
+    def hit() -> str | None:
+        seen[:] = events(hp, name)
+        return next((e for e in seen if all(p in e for p in parts)), None)
+
+    try:
+        return wait_until(hit, timeout, f"an event with {parts}", poll=0.2)
+    except AssertionError as e:
+        raise AssertionError(f"{e}; events: {seen}") from None
 
 
 def node_row(hp: Hp, name: str, node: str) -> dict[str, Any]:

@@ -202,47 +202,40 @@ def test_a_newer_count_request_of_a_group_supersedes_the_older_and_events_go_to_
     assert st.add_operation("lab", "", OperationKind.UPGRADE, 1) and st.operation("lab", up).active
 
 
-def test_opening_waits_out_a_lock_sqlite_reports_at_once(tmp_path, monkeypatch):
-    """`PRAGMA journal_mode=WAL` can answer "database is locked" without the busy handler
-    (a CLI call beside a busy agent, seen in the fault suite): the open tries again."""
-    Store(tmp_path).close()
-    real = sqlite3.connect
-    refused = []
+def _journal_mode_refused(monkeypatch, error: str, times: int) -> list[str]:
+    """Store's connections answer `PRAGMA journal_mode...` with `error` the first `times` times
+    (a real SQLite connection otherwise); returns the statements refused."""
+    real, refused = sqlite3.connect, []
 
-    class Flaky:
+    class Refusing:
         def __init__(self, db):
             self.db = db
 
         def execute(self, sql, *a):
-            if sql.startswith("PRAGMA journal_mode") and len(refused) < 3:
+            if sql.startswith("PRAGMA journal_mode") and len(refused) < times:
                 refused.append(sql)
-                raise sqlite3.OperationalError("database is locked")
+                raise sqlite3.OperationalError(error)
             return self.db.execute(sql, *a)
 
         def __getattr__(self, name):
             return getattr(self.db, name)
 
-    monkeypatch.setattr(store_mod.sqlite3, "connect", lambda *a, **k: Flaky(real(*a, **k)))
+    monkeypatch.setattr(store_mod.sqlite3, "connect", lambda *a, **k: Refusing(real(*a, **k)))
+    return refused
+
+
+def test_opening_waits_out_a_lock_sqlite_reports_at_once(tmp_path, monkeypatch):
+    """`PRAGMA journal_mode=WAL` can answer "database is locked" without the busy handler
+    (a CLI call beside a busy agent, seen in the fault suite): the open tries again."""
+    Store(tmp_path).close()
+    refused = _journal_mode_refused(monkeypatch, "database is locked", 3)
     st = Store(tmp_path)
     assert len(refused) == 3 and st.clusters() == []
     st.close()
 
 
 def test_opening_raises_other_database_errors_at_once(tmp_path, monkeypatch):
-    real = sqlite3.connect
-
-    class Broken:
-        def __init__(self, db):
-            self.db = db
-
-        def execute(self, sql, *a):
-            if sql.startswith("PRAGMA journal_mode"):
-                raise sqlite3.OperationalError("disk I/O error")
-            return self.db.execute(sql, *a)
-
-        def __getattr__(self, name):
-            return getattr(self.db, name)
-
-    monkeypatch.setattr(store_mod.sqlite3, "connect", lambda *a, **k: Broken(real(*a, **k)))
+    refused = _journal_mode_refused(monkeypatch, "disk I/O error", 10)
     with pytest.raises(sqlite3.OperationalError, match="disk I/O"):
         Store(tmp_path)
+    assert len(refused) == 1  # not tried again
